@@ -1,0 +1,7 @@
+"""A decoder-only transformer (GPT) and its parts; see gpt.py for the walk of shapes."""
+
+from .attention import CausalSelfAttention, MultiHeadAttentionReference
+from .config import GPTConfig
+from .gpt import GPT, KVCache, sample_next
+
+__all__ = ["GPT", "GPTConfig", "KVCache", "CausalSelfAttention", "MultiHeadAttentionReference", "sample_next"]

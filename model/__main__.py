@@ -1,0 +1,46 @@
+"""Print the walk of shapes through the model for a named config.
+
+    python -m model --config small
+    python -m model --config gpt2 --seq-len 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from errors import UserError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m model", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="small", help="a named config or a .toml file (see configs/)")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--seq-len", type=int, default=None, help="default: the config's block_size")
+    parser.add_argument("--blocks", type=int, default=1, help="how many blocks to show module by module")
+    args = parser.parse_args(argv)
+    try:
+        from configs import load_config
+
+        from . import GPT, GPTConfig
+        from .trace import shape_trace
+
+        cfg = load_config(args.config)
+        vocab = cfg.vocab_size
+        manifest = Path(cfg.data_root) / cfg.dataset / "manifest.json"
+        if not vocab and manifest.is_file():
+            vocab = json.loads(manifest.read_text())["vocab_size"]
+        if not vocab:  # not prepared yet: the two tokenizers' sizes
+            vocab = 65 if "char" in cfg.dataset else 50257
+        model = GPT(GPTConfig.from_dict({**cfg.to_dict(), "vocab_size": vocab}))
+        print(shape_trace(model, args.batch_size, args.seq_len, args.blocks))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

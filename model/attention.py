@@ -1,0 +1,192 @@
+"""Multi-head attention, fused and per-head.
+
+`CausalSelfAttention` is the one the GPT uses: one fused projection makes q, k and v for all
+heads, which are split into heads with a reshape `(B, T, C) -> (B, nh, T, hs)`. The causal mask
+is a registered `torch.triu` buffer. It also takes a padding mask or per-sequence valid lengths,
+a separate key/value source (cross-attention), a KV cache, and can return its attention weights.
+
+`MultiHeadAttentionReference` is the textbook form: an `nn.ModuleList` of single heads whose
+outputs are concatenated and projected. Tests copy the fused weights into it and compare.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import GPTConfig
+from .layers import RMSNorm, apply_rotary
+
+if TYPE_CHECKING:
+    from .gpt import KVCache
+
+
+def causal_mask(size: int) -> torch.Tensor:
+    """(size, size) bool, True above the diagonal: the future positions a query must not see."""
+    return torch.triu(torch.ones(size, size, dtype=torch.bool), diagonal=1)
+
+
+def lengths_to_mask(valid_lens: torch.Tensor, size: int) -> torch.Tensor:
+    """(B,) valid lengths -> (B, size) bool padding mask, True for the first valid_lens[b] positions."""
+    return torch.arange(size, device=valid_lens.device)[None, :] < valid_lens[:, None]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int = 0):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.head_size = config.head_size
+        self.layer_idx = layer_idx  # which slot of a shared KVCache belongs to this layer
+        self.dropout = config.dropout
+        self.use_sdpa = config.attention == "sdpa"
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_size, config.norm_eps)
+            self.k_norm = RMSNorm(self.head_size, config.norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        # Derived from block_size alone, so it is not saved with the weights.
+        self.register_buffer("causal_mask", causal_mask(config.block_size), persistent=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        context: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
+        valid_lens: torch.Tensor | None = None,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        kv_cache: KVCache | None = None,
+        return_attention: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, C) -> (B, T, C); with return_attention also the weights (B, nh, T, Tk).
+
+        context: (B, Tc, C) keys/values come from here instead of x (cross-attention, no
+            causal mask). padding_mask: (B, Tk) bool, True marks a real key; valid_lens: (B,)
+            the same thing for right-padded keys. rotary: (cos, sin) for the query positions.
+            kv_cache: keys/values of earlier positions; this call appends to it.
+        """
+        B, T, C = x.size()
+        if context is None:
+            q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # (B, T, 3C) -> 3 x (B, T, C)
+        else:
+            if kv_cache is not None:
+                raise ValueError("a KV cache is for self-attention; cross-attention keys do not grow")
+            w_q, w_kv = self.c_attn.weight.split([C, 2 * C], dim=0)
+            b_q, b_kv = self.c_attn.bias.split([C, 2 * C]) if self.c_attn.bias is not None else (None, None)
+            q = F.linear(x, w_q, b_q)
+            k, v = F.linear(context, w_kv, b_kv).split(C, dim=2)  # (B, Tc, 2C) -> 2 x (B, Tc, C)
+        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, T, C) -> (B, nh, T, hs)
+        k = k.view(B, -1, self.n_head, self.head_size).transpose(1, 2)  # (B, Tk, C) -> (B, nh, Tk, hs)
+        v = v.view(B, -1, self.n_head, self.head_size).transpose(1, 2)  # (B, Tk, C) -> (B, nh, Tk, hs)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rotary is not None and context is None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+
+        offset = 0
+        if kv_cache is not None:
+            offset = kv_cache.pos
+            k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nh, offset + T, hs)
+        Tk = k.size(2)
+        if valid_lens is not None:
+            padding_mask = lengths_to_mask(valid_lens, Tk)
+        mask = self._allowed(T, Tk, offset, padding_mask, causal=context is None)
+
+        if self.use_sdpa and not return_attention:
+            # Without an extra mask the plain causal case can use the flash kernel's is_causal.
+            plain_causal = mask is None and context is None and offset == 0
+            y = F.scaled_dot_product_attention(
+                q, k, v,
+                attn_mask=None if plain_causal else mask,
+                dropout_p=self.dropout if self.training else 0.0,
+                is_causal=plain_causal and T > 1,
+            )
+            att = None
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_size))  # (B, nh, T, Tk)
+            if mask is None and context is None:
+                mask = ~self.causal_mask[offset : offset + T, :Tk]
+            if mask is not None:
+                att = att.masked_fill(~mask, float("-inf"))
+            att = F.softmax(att.float(), dim=-1).type_as(q)
+            att = self.attn_dropout(att)
+            y = att @ v  # (B, nh, T, Tk) @ (B, nh, Tk, hs) -> (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
+        y = self.resid_dropout(self.c_proj(y))
+        return (y, att) if return_attention else y
+
+    def _allowed(
+        self, T: int, Tk: int, offset: int, padding_mask: torch.Tensor | None, causal: bool
+    ) -> torch.Tensor | None:
+        """Which keys each query may see: bool (B|1, 1, T, Tk), True = attend; None = all allowed
+        except the future (the causal fast path)."""
+        if padding_mask is None:
+            if causal and (offset > 0 or T != Tk) and T > 1:
+                return ~self.causal_mask[offset : offset + T, :Tk]  # chunked prefill with a cache
+            return None  # plain causal, or one query that may see every cached key
+        mask = padding_mask[:, None, None, :Tk]  # (B, Tk) -> (B, 1, 1, Tk), broadcast over heads
+        if causal:
+            mask = mask & ~self.causal_mask[offset : offset + T, :Tk]
+            # A padding query sees no real key before it; letting it see itself keeps its
+            # softmax finite. Its output is garbage that nothing downstream reads.
+            own = torch.arange(Tk, device=mask.device)[None, :] == torch.arange(offset, offset + T, device=mask.device)[:, None]
+            mask = mask | own
+        return mask
+
+
+class Head(nn.Module):
+    """One attention head with its own key, query and value projections and triu mask buffer."""
+
+    def __init__(self, n_embd: int, head_size: int, block_size: int, bias: bool = True):
+        super().__init__()
+        self.key = nn.Linear(n_embd, head_size, bias=bias)
+        self.query = nn.Linear(n_embd, head_size, bias=bias)
+        self.value = nn.Linear(n_embd, head_size, bias=bias)
+        self.register_buffer("mask", causal_mask(block_size), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        k, q, v = self.key(x), self.query(x), self.value(x)  # each (B, T, hs)
+        att = q @ k.transpose(-2, -1) * k.size(-1) ** -0.5  # (B, T, hs) @ (B, hs, T) -> (B, T, T)
+        att = att.masked_fill(self.mask[:T, :T], float("-inf"))
+        att = F.softmax(att, dim=-1)
+        return att @ v  # (B, T, T) @ (B, T, hs) -> (B, T, hs)
+
+
+class MultiHeadAttentionReference(nn.Module):
+    """n_head independent heads run side by side, concatenated, then projected."""
+
+    def __init__(self, n_embd: int, n_head: int, block_size: int, bias: bool = True):
+        super().__init__()
+        self.heads = nn.ModuleList(Head(n_embd, n_embd // n_head, block_size, bias) for _ in range(n_head))
+        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.cat([h(x) for h in self.heads], dim=-1))  # nh x (B, T, hs) -> (B, T, C)
+
+    @classmethod
+    @torch.no_grad()
+    def from_fused(cls, attn: CausalSelfAttention) -> "MultiHeadAttentionReference":
+        """A reference whose weights are the fused module's, head by head (no RoPE, no QK-norm)."""
+        bias = attn.c_attn.bias is not None
+        ref = cls(attn.n_embd, attn.n_head, attn.causal_mask.size(0), bias)
+        hs, C = attn.head_size, attn.n_embd
+        w_q, w_k, w_v = attn.c_attn.weight.split(C, dim=0)  # (3C, C) -> 3 x (C, C), heads stacked in rows
+        b_q, b_k, b_v = attn.c_attn.bias.split(C) if bias else (None, None, None)
+        for h, head in enumerate(ref.heads):
+            rows = slice(h * hs, (h + 1) * hs)
+            for lin, w, b in ((head.query, w_q, b_q), (head.key, w_k, b_k), (head.value, w_v, b_v)):
+                lin.weight.copy_(w[rows])
+                if bias:
+                    lin.bias.copy_(b[rows])
+        ref.proj.load_state_dict(attn.c_proj.state_dict())
+        return ref

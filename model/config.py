@@ -1,0 +1,72 @@
+"""GPTConfig: the model's shape and architecture switches. Pure data, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from errors import UserError
+
+CHOICES = {
+    "pos_emb": ("learned", "rope"),
+    "norm": ("layernorm", "rmsnorm"),
+    "activation": ("gelu", "relu2"),
+    "attention": ("sdpa", "explicit"),
+}
+
+
+@dataclass
+class GPTConfig:
+    """Defaults are GPT-2 small (124M). The switches select the modern variant
+    (RoPE, RMSNorm, ReLU^2, QK-norm, no biases) within the same GPT class."""
+
+    vocab_size: int = 50257
+    block_size: int = 1024
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear layers and norms; GPT-2 has them
+    pos_emb: str = "learned"  # learned absolute positions (GPT-2) or rotary
+    norm: str = "layernorm"
+    activation: str = "gelu"  # GPT-2's tanh-approximated GELU, or relu(x)^2
+    qk_norm: bool = False  # normalise queries and keys per head before the dot product
+    tie_weights: bool = True  # lm_head shares its weight with the token embedding
+    mlp_ratio: int = 4
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    # How attention is computed; both give the same numbers. "sdpa" is
+    # F.scaled_dot_product_attention (flash kernels on GPU), "explicit" spells out
+    # softmax(QK^T / sqrt(hs) + mask) V and is what return_attention uses.
+    attention: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise UserError(f"model config: {name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise UserError(
+                f"model config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
+                f"try n_head in {[h for h in range(1, 17) if self.n_embd % h == 0]}"
+            )
+        if self.pos_emb == "rope" and self.head_size % 2:
+            raise UserError(f"model config: rope needs an even head size, got {self.head_size}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"model config: dropout must be in [0, 1), got {self.dropout}")
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise UserError(f"model config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GPTConfig":
+        """Build from a saved dict, ignoring keys this version does not know."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})

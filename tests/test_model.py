@@ -1,0 +1,243 @@
+"""The model package: shapes, causality, fast path == reference paths, masks, cache, init."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from errors import UserError
+from model import GPT, GPTConfig, MultiHeadAttentionReference
+from model.attention import CausalSelfAttention
+
+V = 37
+GPT2_ARCH: dict = {}
+MODERN = dict(pos_emb="rope", norm="rmsnorm", bias=False, activation="relu2", qk_norm=True, tie_weights=False)
+VARIANTS = pytest.mark.parametrize("arch", [GPT2_ARCH, MODERN], ids=["gpt2", "modern"])
+
+
+def tiny(**kw) -> GPTConfig:
+    return GPTConfig(**{**dict(vocab_size=V, block_size=24, n_layer=2, n_head=2, n_embd=16), **kw})
+
+
+def make(seed: int = 0, **kw) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(tiny(**kw)).eval()
+
+
+def with_attention(model: GPT, impl: str) -> GPT:
+    """The same weights under the other attention implementation."""
+    other = GPT(dataclasses.replace(model.config, attention=impl)).eval()
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+def ids(B=3, T=16, seed=1):
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("kw", [dict(n_embd=15), dict(n_layer=0), dict(pos_emb="alibi"), dict(dropout=1.5)])
+def test_config_rejects_bad_values_with_one_clear_line(kw):
+    with pytest.raises(UserError) as e:
+        tiny(**kw)
+    assert "\n" not in str(e.value) and str(e.value).startswith("model config:")
+
+
+def test_config_dict_round_trip():
+    c = tiny(**MODERN)
+    assert GPTConfig.from_dict({**c.to_dict(), "unknown_future_field": 1}) == c
+
+
+@VARIANTS
+def test_shapes_and_loss(arch):
+    m = make(**arch)
+    x = ids()
+    logits, loss = m(x)
+    assert logits.shape == (3, 16, V) and loss is None
+    logits, loss = m(x, x)
+    assert loss.ndim == 0
+
+
+@VARIANTS
+@pytest.mark.parametrize("impl", ["sdpa", "explicit"])
+def test_changing_a_future_token_leaves_earlier_logits_unchanged(arch, impl):
+    m = with_attention(make(**arch), impl)
+    x = ids(B=2, T=12)
+    t = 6
+    y = x.clone()
+    y[:, t + 1] = (y[:, t + 1] + 1) % V
+    a, b = m(x)[0], m(y)[0]
+    assert torch.equal(a[:, : t + 1], b[:, : t + 1])
+    assert not torch.allclose(a[:, t + 1], b[:, t + 1])  # the change is visible where it should be
+
+
+@VARIANTS
+def test_explicit_path_equals_sdpa(arch):
+    m = make(**arch)
+    x = ids()
+    pad = torch.ones_like(x, dtype=torch.bool)
+    pad[0, :5] = False
+    for kwargs in ({}, {"padding_mask": pad}):
+        fast = m(x, **kwargs)[0]
+        slow = with_attention(m, "explicit")(x, **kwargs)[0]
+        torch.testing.assert_close(fast, slow, atol=1e-5, rtol=0)
+
+
+def test_fused_attention_equals_modulelist_of_heads():
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(tiny(n_head=4)).eval()
+    ref = MultiHeadAttentionReference.from_fused(attn).eval()
+    assert len(ref.heads) == 4
+    x = torch.randn(2, 10, 16)
+    torch.testing.assert_close(attn(x), ref(x), atol=1e-6, rtol=0)
+
+
+@VARIANTS
+def test_left_padding_gives_the_same_logits_as_no_padding(arch):
+    m = make(**arch)
+    x = ids(B=2, T=10)
+    padded = torch.cat([torch.zeros(2, 4, dtype=torch.long), x], dim=1)
+    mask = torch.cat([torch.zeros(2, 4, dtype=torch.bool), torch.ones(2, 10, dtype=torch.bool)], dim=1)
+    out = m(padded, padding_mask=mask)[0]
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[:, 4:], m(x)[0], atol=1e-5, rtol=0)
+
+
+def test_valid_lens_equal_a_padding_mask_and_hide_the_padding():
+    m = make()
+    x = ids(B=2, T=10)
+    lens = torch.tensor([10, 6])
+    mask = torch.arange(10)[None] < lens[:, None]
+    a = m(x, valid_lens=lens)[0]
+    torch.testing.assert_close(a, m(x, padding_mask=mask)[0])
+    y = x.clone()
+    y[1, 6:] = (y[1, 6:] + 3) % V  # rewriting the padding changes nothing that is real
+    torch.testing.assert_close(a[1, :6], m(y, valid_lens=lens)[0][1, :6])
+    torch.testing.assert_close(a[1, :6], m(x[1:, :6])[0][0], atol=1e-5, rtol=0)
+
+
+def test_padding_mask_hides_keys_in_attention_module():
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(dataclasses.replace(tiny(), attention="explicit")).eval()
+    x = torch.randn(2, 8, 16)
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[1, :3] = False
+    _, w = attn(x, padding_mask=mask, return_attention=True)
+    assert w.shape == (2, 2, 8, 8)
+    assert torch.all(w[1, :, 3:, :3] == 0)  # real queries never look at padding
+    assert torch.all(w.triu(1) == 0)  # nor at the future
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 8))
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "explicit"])
+def test_cross_attention_shapes_and_context_masking(impl):
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(dataclasses.replace(tiny(), attention=impl)).eval()
+    x, ctx = torch.randn(2, 5, 16), torch.randn(2, 9, 16)
+    y = attn(x, context=ctx)
+    assert y.shape == (2, 5, 16)
+    # Not causal: every query sees every context position, so the last one matters to the first.
+    ctx2 = ctx.clone()
+    ctx2[:, -1] += 1
+    assert not torch.allclose(attn(x, context=ctx2)[:, 0], y[:, 0])
+    # A context position masked out does not matter at all.
+    lens = torch.tensor([9, 6])
+    ctx3 = ctx.clone()
+    ctx3[1, 6:] = torch.randn(3, 16)
+    torch.testing.assert_close(attn(x, context=ctx, valid_lens=lens), attn(x, context=ctx3, valid_lens=lens))
+    if impl == "explicit":
+        _, w = attn(x, context=ctx, valid_lens=lens, return_attention=True)
+        assert w.shape == (2, 2, 5, 9) and torch.all(w[1, :, :, 6:] == 0)
+
+
+@VARIANTS
+def test_kv_cache_prefill_then_one_token_at_a_time_equals_full_forward(arch):
+    from model import KVCache
+
+    m = make(**arch)
+    x = ids(B=2, T=20)
+    full = m(x)[0]
+    cache = KVCache(m.config, 2, m.config.block_size, "cpu", torch.float32)
+    steps = [m.lm_head(m.transformer.ln_f(m.trunk(x[:, :8], kv_cache=cache)[0]))]
+    for t in range(8, 20):
+        steps.append(m.lm_head(m.transformer.ln_f(m.trunk(x[:, t : t + 1], kv_cache=cache)[0])))
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_hidden_states_shape_and_last_is_the_input_of_ln_f():
+    m = make()
+    x = ids()
+    seen = {}
+    m.transformer.ln_f.register_forward_hook(lambda mod, inp, out: seen.setdefault("x", inp[0]))
+    logits, _, hidden = m(x, output_hidden_states=True)
+    assert hidden.shape == (m.config.n_layer + 1, 3, 16, 16)
+    assert torch.equal(hidden[-1], seen["x"])
+    torch.testing.assert_close(hidden[0], m.transformer.wte(x) + m.transformer.wpe(torch.arange(16)))
+
+
+def test_attention_weights_returned_per_layer():
+    m = make()
+    _, _, att = m(ids(), return_attention=True)
+    assert len(att) == 2 and att[0].shape == (3, 2, 16, 16)
+
+
+def test_mask_buffers_stay_out_of_the_state_dict():
+    m = make(**MODERN)
+    names = {n for n, _ in m.named_buffers()}
+    assert any("causal_mask" in n for n in names) and any("rotary" in n for n in names)
+    assert not names & set(m.state_dict())
+    assert m.transformer.h[0].attn.causal_mask.dtype == torch.bool
+    assert torch.equal(m.transformer.h[0].attn.causal_mask, torch.triu(torch.ones(24, 24, dtype=torch.bool), 1))
+
+
+@VARIANTS
+def test_initial_loss_is_close_to_uniform(arch):
+    m = make(**{**arch, "vocab_size": 500, "n_embd": 32})
+    x, y = torch.randint(0, 500, (2, 8, 24))
+    loss = m(x, y)[1].item()  # targets unrelated to inputs: a tied head favours the input token itself
+    assert abs(loss - math.log(500)) < 0.1
+
+
+def test_init_scales_residual_projections():
+    m = make(n_layer=8, n_embd=64, n_head=4)
+    std = lambda p: p.std().item()
+    assert abs(std(m.transformer.h[0].mlp.c_fc.weight) - 0.02) < 0.002
+    assert abs(std(m.transformer.h[0].mlp.c_proj.weight) - 0.02 / 4) < 0.001  # 1/sqrt(2 * 8)
+    assert m.lm_head.weight is m.transformer.wte.weight
+
+
+def test_ignore_index_leaves_padding_out_of_the_loss():
+    m = make()
+    x = ids(B=1, T=10)
+    t = x.clone()
+    t[:, 5:] = -1
+    logits = m(x)[0]
+    expected = torch.nn.functional.cross_entropy(logits[0, :5], x[0, :5])
+    torch.testing.assert_close(m(x, t)[1], expected)
+
+
+def test_num_params_and_flops_for_gpt2_small():
+    m = GPT(GPTConfig())  # GPT-2 124M
+    assert m.num_params() == 124_439_808
+    assert m.num_params(non_embedding=True) == 124_439_808 - 1024 * 768
+    # 6 * (matmul weights incl. lm_head) + 12 * L * C * T
+    per_layer = 12 * 768 * 768  # c_attn 3C^2 + c_proj C^2 + c_fc 4C^2 + mlp.c_proj 4C^2
+    assert m.flops_per_token() == 6 * (12 * per_layer + 768 * 50257) + 12 * 12 * 768 * 1024
+
+
+def test_sequence_longer_than_block_size_is_refused():
+    with pytest.raises(ValueError, match="block_size"):
+        make()(torch.zeros(1, 25, dtype=torch.long))
+
+
+def test_shape_trace_walks_from_ids_to_logits():
+    from model.trace import shape_trace
+
+    m = make(**MODERN)
+    text = shape_trace(m, batch_size=2, seq_len=5)
+    lines = text.splitlines()
+    assert "input idx (2, 5)" in text
+    assert any(l.split()[0] == "wte" and "(2, 5, 16)" in l for l in lines)
+    assert "(B, T, C) -> (B, nh, T, hs) = (2, 2, 5, 8)" in text
+    assert any(l.split()[0] == "h.1" and "(2, 5, 16)" in l for l in lines)
+    assert lines[-1].startswith("logits (2, 5, 37)")
