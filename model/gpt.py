@@ -223,8 +223,9 @@ class GPT(nn.Module):
         """Yield (B,) new token ids, one step at a time, for streaming.
 
         idx (B, T) prompts, left-padded where padding_mask (B, T) is False. With the KV cache
-        each step feeds one token; when the context fills block_size the cache is rebuilt from
-        the last block_size // 2 tokens (re-prefill), so decoding never stops for length.
+        each step feeds one token; when a row's context fills block_size its cache is rebuilt
+        from its last block_size // 2 tokens (re-prefill, row by row, so a batch decodes exactly
+        like its rows one at a time), so decoding never stops for length.
         use_cache=False recomputes the last block_size tokens every step (the reference).
         Rows that produced eos_id keep yielding eos_id; the iterator ends when all have.
         temperature 0 means greedy. The model is put in eval mode while generating.
@@ -246,13 +247,16 @@ class GPT(nn.Module):
             if not use_cache:
                 window = slice(-block_size, None)
                 x, _, _ = self.trunk(idx[:, window], None if mask is None else mask[:, window])
-            elif cache is None or cache.pos >= block_size:
-                keep = block_size if cache is None else block_size // 2
-                dtype = self.transformer.wte.weight.dtype
-                cache = KVCache(self.config, B, block_size, idx.device, dtype)
-                x, _, _ = self.trunk(idx[:, -keep:], None if mask is None else mask[:, -keep:], kv_cache=cache)
+            elif cache is None:
+                cache = KVCache(self.config, B, block_size, idx.device, self.transformer.wte.weight.dtype)
+                window = slice(-block_size, None)
+                x, _, _ = self.trunk(idx[:, window], None if mask is None else mask[:, window], kv_cache=cache)
+                # real tokens per row in the cache; they always fill the cache's last lens[b] slots
+                lens = mask[:, window].sum(1).tolist() if mask is not None else [cache.pos] * B
             else:
+                self._slide(cache, lens, idx)
                 x, _, _ = self.trunk(next_input, kv_cache=cache)
+                lens = [n + 1 for n in lens]
             logits = self.lm_head(self.transformer.ln_f(x[:, -1]))  # (B, C) -> (B, V)
             tok = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
             if eos_id is not None:
@@ -260,11 +264,40 @@ class GPT(nn.Module):
                 done |= tok == eos_id
             yield tok
             next_input = tok[:, None]
-            idx = torch.cat([idx, next_input], dim=1)
+            idx = torch.cat([idx[:, -block_size:], next_input], dim=1)  # no step reads further back
             if mask is not None:
-                mask = torch.cat([mask, torch.ones_like(next_input, dtype=torch.bool)], dim=1)
+                mask = torch.cat([mask[:, -block_size:], torch.ones_like(next_input, dtype=torch.bool)], dim=1)
             if eos_id is not None and bool(done.all()):
                 return
+
+    def _slide(self, cache: KVCache, lens: list[int], idx: torch.Tensor) -> None:
+        """Before a cached step: each row whose context filled block_size gets its cache rebuilt
+        from its last block_size // 2 tokens, the newest of which the step itself feeds, exactly
+        when and as it would decoded alone (so a batch decodes like its rows one by one). Then,
+        if the cache is full, drop the leading slots that are padding in every row."""
+        block_size = self.config.block_size
+        rows = [b for b, n in enumerate(lens) if n >= block_size]
+        P, keep = cache.pos, block_size // 2 - 1
+        if rows and keep > 0:
+            fresh = KVCache(self.config, len(rows), keep, idx.device, cache.k.dtype)
+            self.trunk(idx[rows, -keep - 1 : -1], kv_cache=fresh)
+            cache.k[:, rows, :, P - keep : P] = fresh.k
+            cache.v[:, rows, :, P - keep : P] = fresh.v
+        if rows:
+            if cache.key_mask is None:
+                cache.key_mask = torch.ones(len(lens), P, dtype=torch.bool, device=idx.device)
+            cache.key_mask[rows, : P - keep] = False
+            for b in rows:
+                lens[b] = keep
+        if P == cache.k.size(3):  # full: every row's real tokens are its last lens[b] slots
+            need = max(lens)
+            cache.k[:, :, :, :need] = cache.k[:, :, :, P - need : P].clone()
+            cache.v[:, :, :, :need] = cache.v[:, :, :, P - need : P].clone()
+            cache.pos = need
+            if cache.key_mask is not None:
+                cache.key_mask = cache.key_mask[:, P - need :]
+                if bool(cache.key_mask.all()):
+                    cache.key_mask = None  # back on the mask-free fast path
 
 
 def sample_next(

@@ -1,0 +1,134 @@
+"""Run directories on disk: atomic checkpoint writes, safe loads, RNG state capture.
+
+A run directory (out/<config>/) holds ckpt.pt, config.json, manifest.json, metrics.jsonl and
+loss.png. ckpt.pt is one dict of tensors and plain Python containers, so it loads with
+`torch.load(weights_only=True)` (no pickled code runs when opening a checkpoint):
+
+    model          state_dict of the raw module (no "_orig_mod."/"module." prefixes)
+    model_config   dataclasses.asdict(GPTConfig)
+    train_config   dataclasses.asdict(TrainConfig)
+    optimizer, scaler, step, loader, rng, best_val, wandb_id, manifest, version
+
+    path = find_checkpoint("out/small")          # a run dir, a ckpt file, or None -> out/small
+    model, ckpt = load_model(path, device="cpu")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from errors import UserError
+
+CKPT_NAME = "ckpt.pt"
+DEFAULT_RUN = "out/small"
+VERSION = 1
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Write via a temp file in the same directory, fsync, then os.replace.
+
+    os.replace is atomic within a filesystem, so a reader (or a crash, or a full disk) sees the
+    old file or the new one, never half of one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
+    """Atomically write state (tensors and plain containers only) to run_dir/ckpt.pt."""
+    path = Path(run_dir) / CKPT_NAME
+    _atomic_write(path, lambda f: torch.save({"version": VERSION, **state}, f))
+    return path
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    _atomic_write(Path(path), lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))
+
+
+def find_checkpoint(path: str | Path | None = None) -> Path:
+    """The ckpt.pt for a run dir or file; None means the default run, out/small."""
+    p = Path(path if path is not None else DEFAULT_RUN)
+    if p.is_dir() or p.suffix != ".pt":
+        p = p / CKPT_NAME
+    if p.is_file():
+        return p
+    runs = sorted(str(c.parent) for c in Path("out").glob(f"*/{CKPT_NAME}")) if Path("out").is_dir() else []
+    hint = f" (runs with a checkpoint: {', '.join(runs)})" if runs else ""
+    raise UserError(f"no checkpoint at {p}; train one first, e.g. `python train.py --config small`{hint}")
+
+
+def load_checkpoint(path: str | Path | None = None, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint dict safely (weights_only); a clear UserError if it is not one."""
+    p = find_checkpoint(path)
+    try:
+        ckpt = torch.load(p, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated zip, random bytes, pickled objects...: all unusable
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise UserError(f"checkpoint {p} is corrupt or not a checkpoint ({reason}); "
+                        "delete it or point to another run") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_config"} <= ckpt.keys():
+        raise UserError(f"{p} is not a checkpoint of this project (no model/model_config); "
+                        "for Hugging Face GPT-2 weights use --init-from <dir>")
+    return ckpt
+
+
+def clean_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Strip wrapper prefixes (torch.compile's `_orig_mod.`, DDP's `module.`) if a foreign file has them."""
+    out = {}
+    for k, v in sd.items():
+        for prefix in ("_orig_mod.", "module."):
+            while k.startswith(prefix):
+                k = k[len(prefix):]
+        out[k] = v
+    return out
+
+
+def load_model(path: str | Path | None = None, device: str | torch.device = "cpu"):
+    """(GPT, checkpoint dict) from a run dir or ckpt file, in eval mode on `device`."""
+    from model import GPT, GPTConfig
+
+    ckpt = load_checkpoint(path, map_location="cpu")
+    model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
+    model.load_state_dict(clean_state_dict(ckpt["model"]))
+    return model.to(device).eval(), ckpt
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Every RNG a training step can touch, as tensors/lists (weights_only-safe)."""
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(mt), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(mt), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = state.get("cuda")
+    # a checkpoint moved to a machine with a different GPU count keeps the other RNGs as seeded
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([t.cpu() for t in cuda])

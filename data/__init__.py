@@ -1,0 +1,27 @@
+"""Data: tokenizers, token files, batch loaders and `python -m data.prepare`.
+
+    from data import get_tokenizer, tokenizer_from_manifest, read_tokens, write_tokens, BatchLoader
+    from data.prepare import prepare, PRESETS, DEFAULT_ROOT
+
+The loader (which needs torch, ~2 s to import) is loaded on first use, so that
+`python -m data.prepare` and the tokenizers start fast. ``data.prepare`` is not imported here
+so that `python -m data.prepare` runs it only once.
+"""
+
+from typing import Any
+
+from .tokenfile import read_header, read_tokens, write_tokens
+from .tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer, get_tokenizer, tokenizer_from_manifest
+
+__all__ = [
+    "BatchLoader", "CharTokenizer", "GPT2Tokenizer", "Tokenizer", "eval_batches", "get_tokenizer",
+    "read_header", "read_tokens", "tokenizer_from_manifest", "write_tokens",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("BatchLoader", "eval_batches"):
+        from . import loader
+
+        return getattr(loader, name)
+    raise AttributeError(f"module 'data' has no attribute {name!r}")

@@ -1,0 +1,395 @@
+"""Turn text into token files: data/prepared/<name>/{train.bin, val.bin, manifest.json}.
+
+    python -m data.prepare shakespeare_char        # bundled tinyshakespeare, char-level (no network)
+    python -m data.prepare shakespeare             # bundled tinyshakespeare, GPT-2 BPE (no network)
+    python -m data.prepare --text book.txt --tokenizer char          # -> data/prepared/book_char
+    python -m data.prepare --text corpus_dir/ --name mycorpus        # every .txt under the folder
+    python -m data.prepare --files a.parquet b.parquet --text-column content --num-proc 8
+    python -m data.prepare --files docs.jsonl --val-fraction 0.05
+    python -m data.prepare --hf roneneldan/TinyStories --split train --streaming   # needs network
+
+Splits: the first (1 - val_fraction) of the text is train, the rest val. A single text (the
+presets, --text FILE) is split by characters before encoding, exactly as nanoGPT does (so
+shakespeare_char gives 1,003,854 / 111,540 tokens). Multi-document sources (folders, --files,
+--hf) are encoded document by document into one stream that is split by tokens, because the
+size of a streamed source is unknown until the end. Documents are separated by
+<|endoftext|> (gpt2) or a blank line "\\n\\n" (char; "\\n" is then always in the vocabulary).
+The char vocabulary is the sorted set of characters of the corpus; for a multi-document source
+that takes an extra pass over it (a second download when streaming from the Hub).
+
+manifest.json: name, tokenizer ("char" | "gpt2"), vocab_size, chars (char only: the vocabulary
+as one string, id = index), eot_id (gpt2: 50256; char: null), train_tokens, val_tokens, dtype,
+source (what was read), sha256 (of the local files' bytes; for hub datasets, of the documents'
+UTF-8 text as read), version (token-file format), val_fraction, split_by, doc_separator.
+Read the tokenizer back with data.tokenizer_from_manifest(manifest).
+
+Re-running is cheap: when the manifest matches (same tokenizer, split and source content hash,
+or for hub datasets the same name/subset/split), the existing files are reused; --force rebuilds.
+Every file is written under a temporary name and renamed when complete, manifest last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from errors import UserError
+
+from .sources import Source, files_source, hub_source, text_source
+from .tokenfile import (VERSION, dtype_for_vocab, read_header, read_tokens, truncate_tokens,
+                        write_tokens)
+from .tokenizer import TOKENIZERS, Tokenizer, get_tokenizer, tokenizer_from_manifest
+
+DEFAULT_ROOT = Path("data/prepared")
+CORPORA = Path(__file__).resolve().parent / "corpora"
+PRESETS: dict[str, dict[str, Any]] = {
+    "shakespeare_char": {"text": CORPORA / "tinyshakespeare" / "input.txt", "tokenizer": "char"},
+    "shakespeare": {"text": CORPORA / "tinyshakespeare" / "input.txt", "tokenizer": "gpt2"},
+}
+CHAR_DOC_SEPARATOR = "\n\n"
+_BATCH_DOCS, _BATCH_CHARS = 1024, 4 << 20  # documents per worker task, bounded by total size
+_COPY_CHUNK = 1 << 24  # tokens copied at a time from the stream into val.bin
+_CHUNK_CHARS = 4 << 20  # a single text is encoded in pieces of about this size (bounded memory)
+_SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
+
+
+def _log(verbose: bool, msg: str) -> None:
+    if verbose:
+        print(msg, flush=True)
+
+
+def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: str | None,
+             split: str, text_column: str, streaming: bool, tokenizer: str | None) -> tuple[Source, str, str]:
+    """(source, tokenizer name, output name) from the prepare() arguments."""
+    given = [flag for flag, v in (("--text", text), ("--files", files), ("--hf", hf)) if v]
+    if len(given) > 1:
+        raise UserError(f"give one source, not {' and '.join(given)}")
+    if not given:
+        if name is None:
+            raise UserError(f"name a preset ({', '.join(PRESETS)}) or give --text, --files or --hf")
+        if name not in PRESETS:
+            raise UserError(f"unknown dataset preset {name!r}; presets: {', '.join(PRESETS)} "
+                            "(or prepare your own text with --text/--files/--hf)")
+        preset = PRESETS[name]
+        if tokenizer not in (None, preset["tokenizer"]):
+            raise UserError(f"preset {name!r} uses tokenizer {preset['tokenizer']!r}; for another "
+                            f"tokenizer use --text {preset['text']} --tokenizer {tokenizer}")
+        source = text_source(preset["text"])
+        # Record the corpus repo-relative so moving the checkout does not look like a new source.
+        source.description["path"] = str(Path(preset["text"]).relative_to(CORPORA.parent.parent))
+        return source, preset["tokenizer"], name
+    tokenizer = tokenizer or "gpt2"
+    if tokenizer not in TOKENIZERS:
+        raise UserError(f"unknown tokenizer {tokenizer!r}; choose one of: {', '.join(TOKENIZERS)}")
+    if text:
+        source = text_source(text)
+        stem = Path(text).stem if Path(text).is_file() else Path(text).resolve().name
+    elif files:
+        source = files_source([files] if isinstance(files, (str, os.PathLike)) else files, text_column)
+        stem = Path(source.description["paths"][0]).stem
+    else:
+        source = hub_source(hf, subset, split, text_column, streaming)  # type: ignore[arg-type]
+        stem = hf.replace("/", "_") + (f"_{subset}" if subset else "")  # type: ignore[union-attr]
+    name = name or (stem + ("_char" if tokenizer == "char" else ""))
+    return source, tokenizer, name
+
+
+def _request(source: Source, tokenizer: str, val_fraction: float) -> dict[str, Any]:
+    """The manifest fields that must match for existing outputs to be reused."""
+    want: dict[str, Any] = {"version": VERSION, "tokenizer": tokenizer, "val_fraction": val_fraction,
+                            "split_by": "characters" if source.text is not None else "tokens"}
+    if source.sha256 is not None:
+        want["sha256"] = source.sha256
+    else:  # hub data cannot be hashed without reading it all; trust the identity
+        want["source"] = source.description
+    return want
+
+
+def _reusable(out_dir: Path, want: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((out_dir / "manifest.json").read_text())
+        if any(manifest.get(k) != v for k, v in want.items()):
+            return None
+        for split in ("train", "val"):
+            dtype, count = read_header(out_dir / f"{split}.bin")
+            if count != manifest[f"{split}_tokens"] or dtype.name != manifest["dtype"]:
+                return None
+        return manifest
+    except (OSError, ValueError, KeyError, UserError):
+        return None
+
+
+def _encode(tok: Tokenizer, docs: list[str], separate: bool) -> np.ndarray:
+    """Encode texts (each followed by the document separator if ``separate``) in the file dtype."""
+    parts = [tok.encode_array(doc) for doc in docs]
+    if separate:
+        sep = np.asarray([tok.eot_id] if tok.eot_id is not None else tok.encode(CHAR_DOC_SEPARATOR))
+        parts = [p for doc in parts for p in (doc, sep)]
+    return np.concatenate(parts).astype(dtype_for_vocab(tok.vocab_size))
+
+
+def _text_chunks(text: str) -> Iterator[list[str]]:
+    """Pieces of about _CHUNK_CHARS characters, cut only where the encoding cannot change.
+
+    Cuts go after a lone newline and before a non-space character: GPT-2's pre-tokenizer ends a
+    piece there anyway (a longer whitespace run at a chunk end would become one piece), so
+    encoding chunk by chunk gives exactly the tokens of encoding the whole text at once.
+    """
+    pos = 0
+    while pos < len(text):
+        cut = _SAFE_CUT.search(text, min(pos + _CHUNK_CHARS, len(text)))
+        end = cut.start() if cut else len(text)
+        yield [text[pos:end]]
+        pos = end
+
+
+_WORKER_TOK: Tokenizer | None = None
+
+
+def _init_worker(spec: dict[str, Any]) -> None:
+    global _WORKER_TOK
+    _WORKER_TOK = tokenizer_from_manifest(spec)
+
+
+def _worker_encode(docs: list[str], separate: bool) -> np.ndarray:
+    assert _WORKER_TOK is not None
+    return _encode(_WORKER_TOK, docs, separate)
+
+
+def _batches(docs: Iterable[str]) -> Iterator[list[str]]:
+    batch: list[str] = []
+    size = 0
+    for doc in docs:
+        batch.append(doc)
+        size += len(doc)
+        if len(batch) >= _BATCH_DOCS or size >= _BATCH_CHARS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _encode_stream(tok: Tokenizer, batches: Iterator[list[str]], num_proc: int,
+                   separate: bool = True) -> Iterator[np.ndarray]:
+    """Encoded batches in order; a process pool only when there is more than one batch."""
+    head = list(itertools.islice(batches, 2))
+    batches = itertools.chain(head, batches)
+    if len(head) < 2 or num_proc <= 1:
+        yield from (_encode(tok, batch, separate) for batch in batches)
+        return
+    spec = {"tokenizer": tok.name, "chars": getattr(tok, "chars", None)}
+    with multiprocessing.get_context().Pool(num_proc, _init_worker, (spec,)) as pool:
+        # Pool.imap would read the whole (maybe streamed) source ahead; keep a bounded window.
+        pending: collections.deque = collections.deque()
+        for batch in batches:
+            pending.append(pool.apply_async(_worker_encode, (batch, separate)))
+            if len(pending) >= 2 * num_proc:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def _tokenize_documents(source: Source, tok_name: str, out_dir: Path, name: str,
+                        num_proc: int, verbose: bool) -> tuple[Tokenizer, Path, str | None]:
+    """Encode every document into one temporary token file; (tokenizer, that file, text hash)."""
+    from tqdm import tqdm
+
+    if tok_name == "char":
+        chars: set[str] = set(CHAR_DOC_SEPARATOR)
+        documents = source.documents()  # opens the source: errors surface before any progress bar
+        for doc in tqdm(documents, total=source.total, unit="doc", disable=not verbose,
+                        desc=f"{name}: char vocabulary"):
+            chars.update(doc)
+        tok = get_tokenizer("char", chars=sorted(chars))
+    else:
+        tok = get_tokenizer(tok_name)
+    hasher = hashlib.sha256()
+
+    documents = source.documents()
+
+    def docs() -> Iterator[str]:
+        for doc in documents:
+            if not doc.strip():  # an empty document would add only a separator
+                continue
+            hasher.update(doc.encode("utf-8", "surrogatepass") + b"\x1e")
+            bar.update(1)
+            yield doc
+
+    stream = out_dir / f"stream.{os.getpid()}.tmp"
+    with tqdm(total=source.total, unit="doc", disable=not verbose, desc=f"{name}: tokenizing") as bar:
+        write_tokens(stream, _encode_stream(tok, _batches(docs()), num_proc), tok.vocab_size)
+    return tok, stream, None if source.sha256 else hasher.hexdigest()
+
+
+def _counted(chunks: Iterator[list[str]], bar: Any) -> Iterator[list[str]]:
+    for chunk in chunks:
+        bar.update(len(chunk[0]))
+        yield chunk
+
+
+def _check_split_sizes(n_train: int, n_val: int, val_fraction: float) -> None:
+    if n_train == 0 or n_val == 0:
+        raise UserError(f"corpus is too small to split ({n_train + n_val} tokens with "
+                        f"--val-fraction {val_fraction}); give more text")
+
+
+def _prepare_single_text(source: Source, tok_name: str, out_dir: Path, val_fraction: float,
+                         num_proc: int, verbose: bool) -> tuple[Tokenizer, dict[str, int], None]:
+    """Split one text by characters (nanoGPT's rule), then encode each part into its file."""
+    from tqdm import tqdm
+
+    assert source.text is not None
+    corpus = source.text()
+    if not corpus.strip():
+        raise UserError(f"{source.label} is empty; give a file with text")
+    tok = get_tokenizer(tok_name, text=corpus)
+    cut = int(len(corpus) * (1 - val_fraction))
+    parts = {"train": corpus[:cut], "val": corpus[cut:]}
+    _check_split_sizes(len(parts["train"]), len(parts["val"]), val_fraction)
+    (out_dir / "manifest.json").unlink(missing_ok=True)  # see prepare()
+    counts = {}
+    with tqdm(total=len(corpus), unit="char", unit_scale=True, desc=f"{out_dir.name}: tokenizing",
+              disable=not verbose or len(corpus) < 4 * _CHUNK_CHARS) as bar:
+        for split_name, part in parts.items():
+            encoded = _encode_stream(tok, _counted(_text_chunks(part), bar), num_proc, separate=False)
+            counts[split_name] = write_tokens(out_dir / f"{split_name}.bin", encoded, tok.vocab_size)
+    return tok, counts, None
+
+
+def prepare(
+    name: str | None = None,
+    *,
+    text: str | os.PathLike | None = None,
+    files: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+    hf: str | None = None,
+    subset: str | None = None,
+    split: str = "train",
+    text_column: str = "text",
+    streaming: bool = False,
+    tokenizer: str | None = None,
+    val_fraction: float = 0.1,
+    out_root: str | os.PathLike = DEFAULT_ROOT,
+    num_proc: int | None = None,
+    force: bool = False,
+    verbose: bool = True,
+) -> Path:
+    """Prepare dataset ``name`` (a preset, or the output name for --text/--files/--hf sources).
+
+    Returns data/prepared/<name> holding train.bin, val.bin and manifest.json. Idempotent.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise UserError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    source, tok_name, name = _resolve(name, text, files, hf, subset, split, text_column,
+                                      streaming, tokenizer)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise UserError(f"dataset name {name!r} must be letters, digits, '.', '_' or '-'; pass --name")
+    out_dir = Path(out_root) / name
+    want = _request(source, tok_name, val_fraction)
+    if not force and (manifest := _reusable(out_dir, want)) is not None:
+        _log(verbose, f"{name}: up to date ({manifest['train_tokens']:,} train / "
+                      f"{manifest['val_tokens']:,} val tokens) in {out_dir}")
+        return out_dir
+
+    t0 = time.perf_counter()
+    fresh_dir = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    num_proc = num_proc or min(8, os.cpu_count() or 1)
+    stream: Path | None = None
+    try:
+        if source.text is not None:
+            tok, counts, text_hash = _prepare_single_text(source, tok_name, out_dir, val_fraction,
+                                                          num_proc, verbose)
+        else:
+            tok, stream, text_hash = _tokenize_documents(source, tok_name, out_dir, name, num_proc, verbose)
+            tokens = read_tokens(stream)
+            if len(tokens) == 0:
+                raise UserError(f"{source.label} has no text; give a non-empty corpus")
+            cut = int(len(tokens) * (1 - val_fraction))
+            _check_split_sizes(cut, len(tokens) - cut, val_fraction)
+            # Drop the old manifest first, so an interrupted rebuild never looks complete.
+            (out_dir / "manifest.json").unlink(missing_ok=True)
+            # The stream becomes train.bin once its tail is copied out: disk peaks at 1.1x, not 2x.
+            val_chunks = (tokens[i : i + _COPY_CHUNK] for i in range(cut, len(tokens), _COPY_CHUNK))
+            counts = {"val": write_tokens(out_dir / "val.bin", val_chunks, tok.vocab_size), "train": cut}
+            del tokens, val_chunks  # release the memmap before truncating the file under it
+            truncate_tokens(stream, cut)
+            os.replace(stream, out_dir / "train.bin")
+    except BaseException:
+        if fresh_dir:  # everything in it is ours and incomplete
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    finally:
+        if stream is not None:
+            stream.unlink(missing_ok=True)
+
+    manifest = {
+        "version": VERSION, "name": name, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
+        **({"chars": "".join(tok.chars)} if tok.name == "char" else {}),  # type: ignore[attr-defined]
+        "eot_id": tok.eot_id, "train_tokens": counts["train"], "val_tokens": counts["val"],
+        "dtype": dtype_for_vocab(tok.vocab_size).name, "source": source.description,
+        "sha256": source.sha256 or text_hash, "val_fraction": val_fraction,
+        "split_by": "characters" if source.text is not None else "tokens",
+        "doc_separator": None if source.text is not None else
+        ("<|endoftext|>" if tok.eot_id is not None else CHAR_DOC_SEPARATOR),
+    }
+    tmp = out_dir / f"manifest.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, out_dir / "manifest.json")
+    _log(verbose, f"{name}: {tok.name} tokenizer, vocab {tok.vocab_size:,}; train {counts['train']:,} "
+                  f"tokens, val {counts['val']:,} tokens ({manifest['dtype']}) in "
+                  f"{time.perf_counter() - t0:.2f}s -> {out_dir}")
+    return out_dir
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n\n")[0],
+                                epilog="examples:\n" + __doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", nargs="?", help=f"a preset ({', '.join(PRESETS)}) or the output name for a source")
+    src = p.add_argument_group("sources (instead of a preset)")
+    src.add_argument("--text", help="a UTF-8 text file, or a folder of .txt files (one document each)")
+    src.add_argument("--files", nargs="+", help="local .parquet/.jsonl/.json/.csv files")
+    src.add_argument("--hf", help="a Hugging Face hub dataset name (needs network)")
+    src.add_argument("--subset", help="hub dataset configuration")
+    src.add_argument("--split", default="train", help="hub dataset split to read (default: train)")
+    src.add_argument("--text-column", default="text", help="column holding the text (default: text)")
+    src.add_argument("--streaming", action="store_true", help="stream the hub dataset (no full download)")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, help="default: the preset's, else gpt2")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="share held out for val (default 0.1)")
+    p.add_argument("--out-root", default=str(DEFAULT_ROOT), help=f"default: {DEFAULT_ROOT}")
+    p.add_argument("--name", dest="out_name", help="output folder name (default: derived from the source)")
+    p.add_argument("--num-proc", type=int, default=None, help="tokenizer processes (default: cores, max 8)")
+    p.add_argument("--force", action="store_true", help="rebuild even if the outputs are up to date")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    a = p.parse_args(argv)
+    if a.out_name and not (a.text or a.files or a.hf):
+        p.error("--name applies to --text/--files/--hf; a preset is written to <out-root>/<preset>")
+    if a.name and a.out_name and a.name != a.out_name:
+        p.error("give the output name once (NAME or --name)")
+    try:
+        prepare(a.out_name or a.name, text=a.text, files=a.files, hf=a.hf, subset=a.subset,
+                split=a.split, text_column=a.text_column, streaming=a.streaming,
+                tokenizer=a.tokenizer, val_fraction=a.val_fraction, out_root=a.out_root,
+                num_proc=a.num_proc, force=a.force, verbose=not a.quiet)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,410 @@
+r"""Sample text from a trained GPT, streaming tokens to the terminal as they are produced.
+
+    python train.py --config small                          # first: writes out/small/ckpt.pt
+    python sample.py --prompt "ROMEO:"                       # 500 new tokens from out/small
+    python sample.py --prompt "ROMEO:" --temperature 0       # greedy
+    python sample.py --prompt "ROMEO:" --num-samples 3 --seed 7 --top-k 20 --top-p 0.9
+    python sample.py --prompt "ROMEO:" --stop "\n\n"         # stop after the first speech
+    python sample.py --prompt "ROMEO:" --prompt "JULIET:"    # two prompts, one batched pass
+    python sample.py --prompt-file prompts.txt               # one prompt per line
+    echo "To be, or not" | python sample.py --prompt -       # prompt from stdin
+    python sample.py --config tiny --device cpu --dtype float32   # out/tiny; or --ckpt DIR|FILE
+    python sample.py --init-from path/to/hf-gpt2 --prompt "Hello"   # local HF GPT-2 directory
+    python sample.py --prompt "ROMEO: O" --show-attention attn.png --layer 0 --max-new-tokens 0
+
+The tokenizer is rebuilt from the manifest.json saved in the run dir (GPT-2 BPE for --init-from).
+"\n", "\t", "\\" in --prompt, --prompt-file lines (blank ones skipped) and --stop mean newline,
+tab, backslash; a stdin prompt is verbatim, minus the trailing newline `echo` adds. An empty
+prompt starts from the end-of-text token (BPE) or a newline (char vocabularies). A sample ends
+at the end-of-text token (not printed) or right after the first --stop string in its new text
+(the stop string is kept, what follows is cut).
+
+Output: one sample (one prompt, --num-samples 1) streams: the prompt, then each piece of text as
+soon as it is decoded (BPE bytes pass an incremental UTF-8 decoder, so a character split across
+tokens appears once whole). Several samples decode in one batched pass (left-padded prompts, at
+most --batch-size rows at once) and print when their batch is done, each under a `--- sample
+i/n ---` header. Notes go to stderr. Decoding uses the KV cache and slides past block_size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from errors import UserError
+
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """Turn the two-character sequences \\n, \\t, \\\\ into newline, tab, backslash; leave others."""
+    return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], text)
+
+
+class TextStream:
+    """One sample's token ids in, printable text out.
+
+    Each token's bytes go through an incremental UTF-8 decoder, so a multi-byte character
+    split across BPE tokens comes out once complete. The stream ends at the end-of-text token
+    or right after the first stop string; `text` is the finished sample.
+    """
+
+    def __init__(self, tok, stops: Sequence[str] = ()):
+        self.tok = tok
+        self.stops = list(stops)
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+        self.done = False
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the text it completes ("" while a character is incomplete)."""
+        if self.done:
+            return ""
+        if token_id == self.tok.eot_id:
+            return self.finish()
+        return self._add(self.decoder.decode(self.tok.decode_bytes([token_id])))
+
+    def finish(self) -> str:
+        """Flush bytes still held by the decoder (a truncated character becomes U+FFFD)."""
+        if self.done:
+            return ""
+        piece = self._add(self.decoder.decode(b"", final=True))
+        self.done = True
+        return piece
+
+    def _add(self, piece: str) -> str:
+        old = len(self.text)
+        self.text += piece
+        # Earlier text held no stop string, so only matches ending in the new piece are possible.
+        start = max(0, old - self.longest + 1)
+        ends = [i + len(s) for s in self.stops if (i := self.text.find(s, start)) >= 0]
+        if ends:
+            self.text = self.text[: min(ends)]
+            self.done = True
+        return self.text[old:]
+
+
+def left_pad(rows: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token id lists -> idx (B, T) left-padded with 0, padding_mask (B, T) (None if no padding)."""
+    T = max(len(r) for r in rows)
+    idx = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        idx[b, T - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[b, T - len(r) :] = True
+    return idx.to(device), None if bool(mask.all()) else mask.to(device)
+
+
+@torch.no_grad()
+def generate_texts(model, tok, rows: Sequence[Sequence[int]], max_new_tokens: int, *,
+                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                   stops: Sequence[str] = (), generator: torch.Generator | None = None,
+                   on_text: Callable[[int, str], None] | None = None) -> list[str]:
+    """Decode all rows (prompt token ids) in one batched pass; return each row's new text.
+    on_text(row, piece) is called with every newly decoded piece (for streaming)."""
+    idx, mask = left_pad(rows, next(model.parameters()).device)
+    streams = [TextStream(tok, stops) for _ in rows]
+    steps = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                           eos_id=tok.eot_id, padding_mask=mask, generator=generator)
+    emit = on_text or (lambda b, piece: None)
+    try:
+        for step in steps:
+            for b, token_id in enumerate(step.tolist()):  # one host sync per step: streaming needs it
+                emit(b, streams[b].push(token_id))
+            if all(s.done for s in streams):
+                break
+    finally:
+        steps.close()  # restores the model's train/eval mode even when we stop early
+    for b, s in enumerate(streams):
+        emit(b, s.finish())
+    return [s.text for s in streams]
+
+
+def load(args: argparse.Namespace):
+    """(model on CPU in eval mode, tokenizer) from --init-from, --ckpt, --config or out/small."""
+    from checkpoint import clean_state_dict, find_checkpoint, load_checkpoint
+    from data.tokenizer import get_tokenizer, tokenizer_from_manifest
+    from model import GPT, GPTConfig
+
+    if args.init_from:
+        from model.hf import load_hf_gpt2
+
+        return load_hf_gpt2(args.init_from).eval(), get_tokenizer("gpt2")
+    where = args.ckpt
+    if args.config:
+        from configs import load_config
+
+        where = load_config(args.config).run_dir
+        if not (where / "ckpt.pt").is_file():
+            raise UserError(f"no checkpoint in {where}; train one first: `python train.py --config {args.config}`")
+    path = find_checkpoint(where)
+    ckpt = load_checkpoint(path)
+    manifest_path = path.parent / "manifest.json"
+    if manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"{manifest_path} is not valid JSON ({e}); "
+                            "copy the dataset's manifest.json there again") from None
+    elif isinstance(ckpt.get("manifest"), dict):
+        manifest = ckpt["manifest"]
+    else:
+        raise UserError(f"{path.parent} has no manifest.json, so the tokenizer is unknown; copy "
+                        "data/prepared/<dataset>/manifest.json into the run dir")
+    if not isinstance(manifest, dict):
+        raise UserError(f"{manifest_path} is not a data manifest (expected a JSON object)")
+    tok = tokenizer_from_manifest(manifest)
+    try:
+        model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
+        model.load_state_dict(clean_state_dict(ckpt["model"]))
+    except (TypeError, KeyError, RuntimeError, AttributeError) as e:
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise UserError(f"checkpoint {path}: weights do not match its model_config ({reason}); "
+                        "the file is damaged or from another project") from None
+    train_config = ckpt.get("train_config")
+    declared = train_config.get("vocab_size") if isinstance(train_config, dict) else None
+    check_vocab(model, tok, str(path), declared)
+    return model.eval(), tok
+
+
+def check_vocab(model, tok, where: str, declared: int | None = None) -> None:
+    """Refuse a tokenizer the model was not trained with. A model vocab larger than the
+    tokenizer's is fine when training asked for it (`declared`, e.g. --vocab-size 50304) or when
+    it is padded to the next multiple of 64; the extra ids are then never sampled."""
+    V, tv = model.config.vocab_size, tok.vocab_size
+    if V == tv:
+        return
+    if not (tv < V and (declared == V or (V % 64 == 0 and V - tv < 64))):
+        raise UserError(f"{where}: model vocab_size {V} does not match the manifest's {tok.name} tokenizer "
+                        f"({tv} tokens); the run dir's manifest.json is not the dataset it was trained on")
+    pad = torch.arange(tv, V)
+    model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, pad.to(out.device), float("-inf")))
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    prompts = []
+    for p in args.prompt or []:
+        if p == "-":
+            text = sys.stdin.read()
+            prompts.append(text[:-1] if text.endswith("\n") else text)
+        else:
+            prompts.append(unescape(p))
+    if args.prompt_file:
+        try:
+            lines = Path(args.prompt_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"cannot read --prompt-file {args.prompt_file}: {e}") from None
+        from_file = [unescape(line) for line in lines if line.strip()]
+        if not from_file:
+            raise UserError(f"--prompt-file {args.prompt_file} has no prompts (one per line)")
+        prompts += from_file
+    return prompts or [""]
+
+
+def encode_prompt(tok, text: str, block_size: int) -> list[int]:
+    if not text:
+        if tok.eot_id is not None:
+            note("empty prompt: starting from the end-of-text token")
+            return [tok.eot_id]
+        start = "\n" if "\n" in getattr(tok, "chars", []) else tok.decode([0])
+        note(f"empty prompt: starting from {'a newline' if start == chr(10) else repr(start)}")
+        return tok.encode(start)
+    try:
+        ids = tok.encode(text)
+    except UserError as e:
+        raise UserError(f"prompt {text[:40]!r}: {e}") from None
+    if len(ids) > block_size:
+        note(f"the prompt is {len(ids)} tokens; the model sees only the last {block_size}")
+    return ids
+
+
+def cpu_threads(requested: int, n_embd: int) -> int:
+    """Threads for CPU decoding; 0 leaves torch's default. A small model's decode step is dozens
+    of tiny ops: splitting each across threads costs more than it saves, and on a busy machine
+    the spinning threads made decoding 5-10x slower (bench.py sample --threads)."""
+    return requested or (1 if n_embd <= 256 else 0)
+
+
+def note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
+
+
+def token_label(tok, token_id: int) -> str:
+    text = tok.decode([token_id])
+    return text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423") or "\u2205"
+
+
+@torch.no_grad()
+def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
+    """One heat map per head of `layer` (query rows, key columns) for the prompt, as a PNG."""
+    n_layer = model.config.n_layer
+    if not -n_layer <= layer < n_layer:
+        raise UserError(f"--layer {layer} is out of range: the model has layers 0..{n_layer - 1}")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import PowerNorm
+    except ImportError:
+        raise UserError("--show-attention needs matplotlib: pip install matplotlib") from None
+    layer %= n_layer
+    ids = ids[-model.config.block_size :]
+    x = torch.tensor([ids], device=next(model.parameters()).device)
+    _, _, att = model(x, return_attention=True)
+    att = att[layer][0].float().cpu()  # (nh, T, T)
+    nh, T = att.shape[0], att.shape[-1]
+    ncols = math.ceil(math.sqrt(nh))  # a near-square grid of heads
+    nrows = math.ceil(nh / ncols)
+    labels = [token_label(tok, i) for i in ids] if T <= 48 else None
+    size = 3.5 if labels is None else min(9.0, max(3.5, 0.15 * T + 1.0))  # inches per head
+    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * size + 1.0, nrows * size + 0.6),
+                             squeeze=False, layout="constrained")
+    image = None
+    for h, ax in enumerate(axes.flat):
+        if h >= nh:
+            ax.axis("off")
+            continue
+        # sqrt colour scale: weights spread over many keys stay visible next to sharp peaks
+        image = ax.imshow(att[h].numpy(), cmap="viridis", norm=PowerNorm(0.5, vmin=0.0, vmax=1.0),
+                          interpolation="nearest")
+        ax.set_title(f"head {h}", fontsize=10)
+        if labels is not None:
+            fs = max(5, min(9, 220 // T))
+            ax.set_xticks(range(T), labels, rotation=90, fontsize=fs, fontfamily="monospace")
+            ax.set_yticks(range(T), labels, fontsize=fs, fontfamily="monospace")
+        if h % ncols == 0:
+            ax.set_ylabel("query (attending)")
+        if h >= nh - ncols:
+            ax.set_xlabel("key (attended to)")
+    fig.suptitle(f"attention weights, layer {layer} (of 0..{n_layer - 1}), {T} prompt tokens")
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="weight")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(out, dpi=110)
+    except ValueError as e:  # an extension matplotlib cannot write
+        raise UserError(f"--show-attention {path}: {e}") from None
+    finally:
+        plt.close(fig)
+    return out
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one `error:` line and exit 2, like every other bad input
+        raise UserError(f"{message} (see --help)")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--ckpt", "--out-dir", dest="ckpt", help="run dir or ckpt.pt file (default out/small)")
+    src.add_argument("--config", help="use the run dir of this training config, e.g. small")
+    src.add_argument("--init-from", help="a local Hugging Face GPT-2 directory (save_pretrained output)")
+    p.add_argument("--prompt", action="append", help="prompt text (repeatable); - reads stdin")
+    p.add_argument("--prompt-file", help="a file with one prompt per line")
+    p.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=500)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None, help="same seed, same text (default: random)")
+    p.add_argument("--stop", action="append", default=[], help="end a sample after this text (repeatable)")
+    p.add_argument("--batch-size", type=int, default=32, help="most rows decoded at once")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads; 0 = 1 for small models (n_embd <= 256), else torch's default")
+    p.add_argument("--show-attention", metavar="PNG", help="save the prompt's attention maps here")
+    p.add_argument("--layer", type=int, default=0, help="layer for --show-attention (negative counts from the end)")
+    return p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    bad = {
+        "--num-samples must be at least 1": args.num_samples < 1,
+        "--max-new-tokens must be >= 0": args.max_new_tokens < 0,
+        "--temperature must be >= 0 (0 = greedy)": not args.temperature >= 0,
+        "--top-k must be at least 1": args.top_k is not None and args.top_k < 1,
+        "--top-p must be in (0, 1]": args.top_p is not None and not 0 < args.top_p <= 1,
+        "--batch-size must be at least 1": args.batch_size < 1,
+        "--threads must be >= 0": args.threads < 0,
+        "--stop must not be empty": "" in args.stop,
+    }
+    if failed := [message for message, is_bad in bad.items() if is_bad]:
+        raise UserError(failed[0])
+
+
+def run(args: argparse.Namespace) -> None:
+    from runtime import setup
+
+    check_args(args)
+    stops = [unescape(s) for s in args.stop]
+    prompts = read_prompts(args)
+    rt = setup(device=args.device, dtype=args.dtype, seed=None)
+    model, tok = load(args)
+    model.to(rt.device)
+    if rt.device_type == "cpu" and (threads := cpu_threads(args.threads, model.config.n_embd)):
+        torch.set_num_threads(threads)
+    if rt.dtype != torch.float32:  # inference only: keep weights (and the KV cache) in the compute dtype
+        model.to(rt.dtype)
+    encoded = [encode_prompt(tok, p, model.config.block_size) for p in prompts]
+    if args.show_attention:
+        note(f"wrote {plot_attention(model, tok, encoded[0], args.show_attention, args.layer)}")
+    generator = torch.Generator(device=rt.device)
+    if args.seed is not None:
+        generator.manual_seed(args.seed)
+    else:
+        generator.seed()
+    rows = [(j, k) for j in range(len(prompts)) for k in range(args.num_samples)]
+    kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stops=stops, generator=generator)
+    out = sys.stdout
+    if len(rows) == 1:
+        out.write(prompts[0])
+        out.flush()
+
+        def stream(_: int, piece: str) -> None:
+            if piece:
+                out.write(piece)
+                out.flush()
+
+        text = generate_texts(model, tok, [encoded[0]], args.max_new_tokens, on_text=stream, **kw)[0]
+        if not (prompts[0] + text).endswith("\n"):
+            out.write("\n")
+        return
+    for start in range(0, len(rows), args.batch_size):
+        chunk = rows[start : start + args.batch_size]
+        texts = generate_texts(model, tok, [encoded[j] for j, _ in chunk], args.max_new_tokens, **kw)
+        for (j, k), text in zip(chunk, texts):
+            where = f"prompt {j + 1}/{len(prompts)}, " if len(prompts) > 1 else ""
+            out.write(f"--- {where}sample {k + 1}/{args.num_samples} ---\n{prompts[j]}{text}")
+            out.write("" if (prompts[j] + text).endswith("\n") else "\n")
+        out.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        run(parse_args(argv))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `python sample.py | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

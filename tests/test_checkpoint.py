@@ -1,0 +1,67 @@
+"""Checkpoints: atomic writes, safe loads, RNG capture, clear errors."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import checkpoint
+from checkpoint import (capture_rng_state, find_checkpoint, load_checkpoint, load_model, restore_rng_state,
+                        save_checkpoint)
+from errors import UserError
+from model import GPT, GPTConfig
+
+
+def _state(seed: int) -> dict:
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    return {"model": model.state_dict(), "model_config": model.config.to_dict(), "step": seed,
+            "rng": capture_rng_state()}
+
+
+def test_roundtrip_is_weights_only_and_loads_a_model(tmp_path):
+    path = save_checkpoint(tmp_path, _state(1))
+    raw = torch.load(path, weights_only=True)
+    assert raw["step"] == 1 and raw["version"] == checkpoint.VERSION
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in raw["model"])
+    model, ckpt = load_model(tmp_path)
+    assert find_checkpoint(tmp_path) == find_checkpoint(path) == path
+    assert not model.training and torch.equal(model.lm_head.weight, raw["model"]["lm_head.weight"])
+
+
+def test_rng_state_restores_every_stream():
+    state = capture_rng_state()
+    first = (random.random(), np.random.rand(), torch.rand(3))
+    torch.save(state, buf := __import__("io").BytesIO())
+    buf.seek(0)
+    restore_rng_state(torch.load(buf, weights_only=True))
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert first[:2] == again[:2] and torch.equal(first[2], again[2])
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path, _state(1))
+    real_save = torch.save
+
+    def broken_save(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a zip")  # some bytes land on disk, then the disk "fills up"
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError):
+        save_checkpoint(tmp_path, _state(2))
+    monkeypatch.setattr(torch, "save", real_save)
+    assert load_checkpoint(tmp_path)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # no temp file left behind
+
+
+def test_missing_and_corrupt_checkpoints_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="no checkpoint at"):
+        find_checkpoint(tmp_path / "nothing")
+    (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(UserError, match="corrupt"):
+        load_checkpoint(tmp_path)
+    torch.save({"weights": torch.zeros(1)}, tmp_path / "ckpt.pt")
+    with pytest.raises(UserError, match="not a checkpoint of this project"):
+        load_checkpoint(tmp_path)

