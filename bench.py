@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from errors import UserError
+from errors import UserError, entry_point
 
 
 def _emit(record: dict[str, Any]) -> None:
@@ -143,13 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        args.func(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    args.func(args)
     return 0
 
 

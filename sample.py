@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from errors import UserError
+from errors import UserError, entry_point
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
@@ -392,12 +392,10 @@ def run(args: argparse.Namespace) -> None:
         out.flush()
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     try:
         run(parse_args(argv))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

@@ -33,7 +33,7 @@ import torch
 
 from checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint, write_json
 from configs import TrainConfig, available_configs, help_text, load_config
-from errors import UserError
+from errors import UserError, entry_point
 from runtime import GlobalBatchLoader, Runtime, RunLog, StopSignal, setup
 
 # TrainConfig fields that define the network (the rest is optimisation and bookkeeping)
@@ -389,6 +389,7 @@ def _train(cfg: TrainConfig, rt: Runtime, stop: StopSignal, t_start: float) -> d
     return result
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
@@ -403,11 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             name = arg.split("=", 1)[1]
         else:
             rest.append(arg)
-    try:
-        result = train(load_config(name, rest))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    result = train(load_config(name, rest))
     return {"SIGINT": 130, "SIGTERM": 143}.get(result["stopped"], 0)
 
 

@@ -17,7 +17,6 @@ import difflib
 import importlib
 import pkgutil
 import textwrap
-import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -218,6 +217,8 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
 
 
 def load_toml(path: Path) -> TrainConfig:
+    import tomllib  # here, not at the top: Python < 3.11 can still run the named configs
+
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:

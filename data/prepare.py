@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from errors import UserError
+from errors import UserError, entry_point
 
 from .sources import Source, files_source, hub_source, text_source
 from .tokenfile import (VERSION, dtype_for_vocab, read_header, read_tokens, truncate_tokens,
@@ -355,6 +355,7 @@ def prepare(
     return out_dir
 
 
+@entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n\n")[0],
                                 epilog="examples:\n" + __doc__.split("\n\n")[1],
@@ -380,14 +381,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--name applies to --text/--files/--hf; a preset is written to <out-root>/<preset>")
     if a.name and a.out_name and a.name != a.out_name:
         p.error("give the output name once (NAME or --name)")
-    try:
-        prepare(a.out_name or a.name, text=a.text, files=a.files, hf=a.hf, subset=a.subset,
-                split=a.split, text_column=a.text_column, streaming=a.streaming,
-                tokenizer=a.tokenizer, val_fraction=a.val_fraction, out_root=a.out_root,
-                num_proc=a.num_proc, force=a.force, verbose=not a.quiet)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    prepare(a.out_name or a.name, text=a.text, files=a.files, hf=a.hf, subset=a.subset,
+            split=a.split, text_column=a.text_column, streaming=a.streaming,
+            tokenizer=a.tokenizer, val_fraction=a.val_fraction, out_root=a.out_root,
+            num_proc=a.num_proc, force=a.force, verbose=not a.quiet)
     return 0
 
 

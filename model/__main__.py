@@ -11,9 +11,10 @@ import json
 import sys
 from pathlib import Path
 
-from errors import UserError
+from errors import entry_point
 
 
+@entry_point
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model", description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="small", help="a named config or a .toml file (see configs/)")
@@ -21,24 +22,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=None, help="default: the config's block_size")
     parser.add_argument("--blocks", type=int, default=1, help="how many blocks to show module by module")
     args = parser.parse_args(argv)
-    try:
-        from configs import load_config
+    from configs import load_config
 
-        from . import GPT, GPTConfig
-        from .trace import shape_trace
+    from . import GPT, GPTConfig
+    from .trace import shape_trace
 
-        cfg = load_config(args.config)
-        vocab = cfg.vocab_size
-        manifest = Path(cfg.data_root) / cfg.dataset / "manifest.json"
-        if not vocab and manifest.is_file():
-            vocab = json.loads(manifest.read_text())["vocab_size"]
-        if not vocab:  # not prepared yet: the two tokenizers' sizes
-            vocab = 65 if "char" in cfg.dataset else 50257
-        model = GPT(GPTConfig.from_dict({**cfg.to_dict(), "vocab_size": vocab}))
-        print(shape_trace(model, args.batch_size, args.seq_len, args.blocks))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config)
+    vocab = cfg.vocab_size
+    manifest = Path(cfg.data_root) / cfg.dataset / "manifest.json"
+    if not vocab and manifest.is_file():
+        vocab = json.loads(manifest.read_text())["vocab_size"]
+    if not vocab:  # not prepared yet: the two tokenizers' sizes
+        vocab = 65 if "char" in cfg.dataset else 50257
+    model = GPT(GPTConfig.from_dict({**cfg.to_dict(), "vocab_size": vocab}))
+    print(shape_trace(model, args.batch_size, args.seq_len, args.blocks))
     return 0
 
 
