@@ -34,6 +34,7 @@ import torch
 from checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint, write_json
 from configs import TrainConfig, available_configs, help_text, load_config
 from errors import UserError, entry_point
+from optim import configure_optimizer, lr_multiplier, set_lr
 from runtime import GlobalBatchLoader, Runtime, RunLog, StopSignal, setup
 
 # TrainConfig fields that define the network (the rest is optimisation and bookkeeping)
@@ -43,38 +44,6 @@ MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "vocab_size", "bias", "pos_emb", 
 
 class TrainingDiverged(UserError):
     """The loss became nan/inf; carries the user-facing advice."""
-
-
-def get_lr(step: int, cfg: TrainConfig) -> float:
-    """Learning rate for optimizer step `step` (0-based): linear warmup, then the schedule.
-
-    cosine: half a cosine from lr down to min_lr at lr_decay_iters (default max_iters).
-    wsd:    warmup-stable-decay: lr until the last decay_frac of lr_decay_iters, then linear to min_lr.
-    constant: lr after warmup. Past lr_decay_iters the rate stays at min_lr.
-    """
-    if step < cfg.warmup_iters:
-        return cfg.lr * (step + 1) / (cfg.warmup_iters + 1)
-    if cfg.lr_schedule == "constant":
-        return cfg.lr
-    end = cfg.lr_decay_iters or cfg.max_iters
-    if step >= end:
-        return cfg.min_lr
-    if cfg.lr_schedule == "wsd":
-        start = max(cfg.warmup_iters, end - round(cfg.decay_frac * end))
-        frac = max(0.0, (step - start) / max(1, end - start))
-        return cfg.lr - frac * (cfg.lr - cfg.min_lr)
-    frac = (step - cfg.warmup_iters) / max(1, end - cfg.warmup_iters)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * frac)) * (cfg.lr - cfg.min_lr)
-
-
-def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
-    """AdamW; weight decay on every matrix (Linear weights and embeddings, as GPT-2/nanoGPT do),
-    none on vectors (biases, norm gains): decaying those only hurts. Fused kernel on CUDA."""
-    params = [p for p in model.parameters() if p.requires_grad]  # tied weights appear once
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             fused=device_type == "cuda")
 
 
 def build_model(cfg: TrainConfig, vocab_size: int, ckpt: dict | None) -> tuple[torch.nn.Module, TrainConfig]:
@@ -146,16 +115,18 @@ def dataset_dir(cfg: TrainConfig) -> Path:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime) -> dict[str, float]:
-    """Mean loss per token on fixed batches: the first eval_iters windows of each split (the
-    whole val split when eval_iters is 0; train is capped at 20 batches then, it can be huge)."""
-    from data import eval_batches
+    """Mean loss per token on fixed batches: the first eval_iters batches of each split; with
+    eval_iters 0 the whole val split, and as many batches of train (which can be huge)."""
+    from data import eval_batches, read_tokens
 
     model.eval()
     out = {}
-    for split, limit in (("train", cfg.eval_iters or 20), ("val", cfg.eval_iters or None)):
+    batch_size = cfg.eval_batch_size or cfg.batch_size
+    val_batches = math.ceil(len(read_tokens(ds_dir / "val.bin")) // cfg.block_size / batch_size)
+    for split in ("val", "train"):
+        limit = cfg.eval_iters or val_batches
         total, count = torch.zeros((), device=rt.device), 0
-        for x, y in eval_batches(ds_dir / f"{split}.bin", cfg.block_size, cfg.batch_size, rt.device,
-                                 max_batches=limit):
+        for x, y in eval_batches(ds_dir / f"{split}.bin", cfg.block_size, batch_size, rt.device, max_batches=limit):
             with rt.autocast():
                 _, loss = model(x, y)
             total += loss.float() * y.numel()  # weight by tokens: the last batch may be short
@@ -284,6 +255,17 @@ def _train(cfg: TrainConfig, rt: Runtime, stop: StopSignal, t_start: float) -> d
     cost = {"eval": None, "save": 0.2 + 3 * param_bytes / 200e6}  # seconds; measured ones replace these
     state = {"evaluated": None, "saved": step if cfg.resume else None, "losses": {}}
 
+    eval_batch = (cfg.eval_batch_size or cfg.batch_size) * cfg.block_size
+    val_tokens = manifest["val_tokens"] if not cfg.eval_iters else cfg.eval_iters * eval_batch
+    eval_tokens = 2 * min(val_tokens, manifest["val_tokens"])  # val, and as much of train
+
+    def final_cost(step_time: float) -> float:
+        """Seconds the final eval + save + plot take: measured once an eval has run, before that
+        estimated from the step time: an eval token, forward only and in big batches, costs
+        about a fifth of a training token (measured on CPU; the first real eval replaces it)."""
+        ev = cost["eval"] if cost["eval"] is not None else step_time * eval_tokens / tokens_per_step / 5
+        return ev + cost["save"] + (log.plot_cost if log else 0.0)
+
     def eval_and_save(at: int, final: bool = False) -> None:
         nonlocal best_val
         t_eval, note = time.time(), ""
@@ -315,17 +297,23 @@ def _train(cfg: TrainConfig, rt: Runtime, stop: StopSignal, t_start: float) -> d
     bar = tqdm(total=cfg.max_iters, initial=step, disable=not master, dynamic_ncols=True, unit="step")
     stopped, trained, train_time, window = None, 0, 0.0, []
     try:
-        if step == 0:
+        if step == 0 and not cfg.max_time:
             eval_and_save(0)  # the untrained model's loss anchors the curve (ln(vocab) expected)
+        t_loop, step_time = time.time(), 0.0
         while step < cfg.max_iters:
             t0 = time.perf_counter()
-            lr = get_lr(step, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            decay_iters = (cfg.lr_decay_iters or cfg.max_iters) - cfg.warmup_iters
+            progress = (step - cfg.warmup_iters) / max(1, decay_iters)
+            if cfg.max_time:  # share of the time left for training, once startup and the final eval are paid
+                budget = cfg.max_time - (t_loop - t_start) - final_cost(step_time)
+                progress = max(progress, (time.time() - t_loop) / max(budget, 1e-3))
+            multiplier = lr_multiplier(step, progress, cfg)
+            set_lr(optimizer, multiplier)
+            lr = cfg.lr * multiplier
             loss_sum = forward_backward(train_model, loader, rt, grad_accum)
             # Stop after this step if the next one plus the final eval+save would overrun max_time.
-            final_cost = (cost["eval"] or 0.0) + cost["save"] + (log.plot_cost if log else 0.0)
-            reserve = 1.2 * final_cost + (time.perf_counter() - t0)
+            step_time = time.perf_counter() - t0
+            reserve = 1.2 * final_cost(step_time) + step_time
             late = cfg.max_time > 0 and time.time() - t_start + reserve > cfg.max_time
             # one small collective: the global mean loss, and whether any rank must stop
             flags = torch.tensor([0.0, float(stop.name is not None), float(late)], device=rt.device)

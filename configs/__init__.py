@@ -55,6 +55,9 @@ class TrainConfig:
     lr_decay_iters: int = 0  # where the schedule reaches min_lr; 0 = max_iters
     decay_frac: float = 0.2  # wsd: the final fraction of lr_decay_iters spent decaying
     weight_decay: float = 0.1
+    optimizer: Literal["adamw", "muon"] = "adamw"  # muon: Muon for block matrices, AdamW for the rest
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0  # 0 = off
@@ -63,12 +66,14 @@ class TrainConfig:
     max_time: float = 0.0  # wall-clock budget in seconds incl. the final eval+save; 0 = none
     eval_interval: int = 250  # steps between eval + checkpoint
     eval_iters: int = 20  # batches per eval; 0 = the whole val split
+    eval_batch_size: int = 0  # 0 = batch_size; eval has no backward pass, so it can be larger
     log_interval: int = 10  # steps between metrics.jsonl lines
     sample_tokens: int = 200  # length of the samples printed at the end / sent to wandb; 0 = none
     # system
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"  # auto: cuda > mps > cpu
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # autocast; auto: bf16 on GPU, fp32 on CPU
-    compile: bool = False  # torch.compile the model (slow start, faster steps on GPU)
+    compile: bool = False
+    threads: int = 0  # CPU threads for torch; 0 = torch's default (all cores)  # torch.compile the model (slow start, faster steps on GPU)
     seed: int = 1337
     out_dir: str = ""  # "" = out/<name>
     resume: bool = False  # continue from out_dir/ckpt.pt
@@ -85,6 +90,7 @@ class TrainConfig:
                 raise UserError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("vocab_size", "tokens_per_step", "lr", "min_lr", "warmup_iters",
                         "lr_decay_iters", "weight_decay", "grad_clip", "max_time", "eval_iters",
+                        "eval_batch_size", "threads", "muon_lr",
                         "sample_tokens")
         for name in non_negative:
             if getattr(self, name) < 0:

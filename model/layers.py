@@ -48,6 +48,6 @@ class Rotary(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (x1[i], x2[i]) of the two halves of the head dimension by position angles."""
-    x1, x2 = x.float().chunk(2, dim=-1)  # (B, nh, T, hs) -> 2 x (B, nh, T, hs/2)
-    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.type_as(x)
+    x1, x2 = x.chunk(2, dim=-1)  # (B, nh, T, hs) -> 2 x (B, nh, T, hs/2)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # under autocast x is bf16: stay there
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)

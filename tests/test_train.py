@@ -19,7 +19,8 @@ from checkpoint import load_checkpoint, load_model
 from configs import load_config
 from data import tokenizer_from_manifest
 from errors import UserError
-from model import GPT
+from model import GPT, GPTConfig
+from optim import Muon, configure_optimizer, lr_multiplier, orthogonalize
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,11 +56,38 @@ def records(run_dir, key):
 
 def test_lr_schedules():
     cfg = load_config("tiny", ["--max-iters", "100", "--warmup-iters", "10", "--lr", "1", "--min-lr", "0.1"])
-    lrs = [train.get_lr(s, cfg) for s in range(120)]
+    lrs = [lr_multiplier(s, (s - 10) / 90, cfg) for s in range(120)]
     assert lrs[0] < lrs[9] < 1 and lrs[10] == pytest.approx(1) and lrs[100:] == [0.1] * 20
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # cosine never goes back up
     wsd = replace(cfg, lr_schedule="wsd", decay_frac=0.2)
-    assert [train.get_lr(s, wsd) for s in (10, 79, 80)] == [1, 1, 1] and train.get_lr(90, wsd) == pytest.approx(0.55)
+    assert [lr_multiplier(s, (s - 10) / 90, wsd) for s in (10, 80, 82)] == [1, 1, 1]
+    assert lr_multiplier(91, 0.9, wsd) == pytest.approx(0.55)
+
+
+def test_muon_optimizer_trains_and_orthogonalizes():
+    g = torch.randn(48, 16, generator=torch.Generator().manual_seed(0))
+    o = orthogonalize(g, dtype=torch.float32)
+    s = torch.linalg.svdvals(o)
+    assert o.shape == g.shape and s.min() > 0.6 and s.max() < 1.25  # all directions move alike
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
+    opt = configure_optimizer(model, load_config("tiny", ["--optimizer", "muon"]), "cpu")
+    muon = [o for o in opt.optimizers if isinstance(o, Muon)][0]
+    assert {id(p) for p in muon.param_groups[0]["params"]} == {
+        id(p) for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2}
+    x = torch.randint(0, 11, (4, 8), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for _ in range(30):
+        loss = model(x, x)[1]
+        losses.append(loss.item())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert losses[-1] < 0.8 * losses[0]
+    state = opt.state_dict()
+    again = configure_optimizer(model, load_config("tiny", ["--optimizer", "muon"]), "cpu")
+    again.load_state_dict(state)
+    assert torch.equal(again.optimizers[1].state[muon.param_groups[0]["params"][0]]["momentum_buffer"],
+                       muon.state[muon.param_groups[0]["params"][0]]["momentum_buffer"])
 
 
 def test_exact_resume_then_sample(tmp_path, data_root):
@@ -158,7 +186,7 @@ def test_wandb_offline_logs_into_the_run_dir(tmp_path, data_root, monkeypatch):
 def test_ddp_two_processes_match_one(tmp_path, data_root):
     # Same global batch: 1 process x 4 rows vs 2 processes x 2 rows (each rank keeps its rows of
     # the shared global batch), 2 accumulation micro-steps so no_sync is exercised.
-    argv = ["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--max-iters", "6",
+    argv = ["--config", "tiny", "--device", "cpu", "--dtype", "float32", "--sample-tokens", "0", "--max-iters", "6",
             "--eval-interval", "3", "--tokens-per-step", "256", "--data-root", str(data_root)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
