@@ -4,7 +4,7 @@ A run directory (out/<config>/) holds ckpt.pt, config.json, manifest.json, metri
 loss.png. ckpt.pt is one dict of tensors and plain Python containers, so it loads with
 `torch.load(weights_only=True)` (no pickled code runs when opening a checkpoint):
 
-    model          state_dict of the raw module (no "_orig_mod."/"module." prefixes)
+    model          state_dict of the raw module (never the compiled or DDP wrapper)
     model_config   dataclasses.asdict(GPTConfig)
     train_config   dataclasses.asdict(TrainConfig)
     optimizer, scaler, step, loader, rng, best_val, wandb_id, manifest, version
@@ -87,25 +87,25 @@ def load_checkpoint(path: str | Path | None = None, map_location: str | torch.de
     return ckpt
 
 
-def clean_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Strip wrapper prefixes (torch.compile's `_orig_mod.`, DDP's `module.`) if a foreign file has them."""
-    out = {}
-    for k, v in sd.items():
-        for prefix in ("_orig_mod.", "module."):
-            while k.startswith(prefix):
-                k = k[len(prefix):]
-        out[k] = v
-    return out
+def model_from_checkpoint(ckpt: dict[str, Any], where: str | Path, **overrides: Any):
+    """The GPT a checkpoint describes, with its weights (overrides, e.g. dropout, go into GPTConfig)."""
+    from model import GPT, GPTConfig
+
+    try:
+        model = GPT(GPTConfig.from_dict({**ckpt["model_config"], **overrides}))
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, KeyError, RuntimeError, AttributeError) as e:
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise UserError(f"checkpoint {where}: weights do not match its model_config ({reason}); "
+                        "the file is damaged or from another project") from None
+    return model
 
 
 def load_model(path: str | Path | None = None, device: str | torch.device = "cpu"):
     """(GPT, checkpoint dict) from a run dir or ckpt file, in eval mode on `device`."""
-    from model import GPT, GPTConfig
-
+    path = find_checkpoint(path)
     ckpt = load_checkpoint(path, map_location="cpu")
-    model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
-    model.load_state_dict(clean_state_dict(ckpt["model"]))
-    return model.to(device).eval(), ckpt
+    return model_from_checkpoint(ckpt, path).to(device).eval(), ckpt
 
 
 def capture_rng_state() -> dict[str, Any]:

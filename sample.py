@@ -132,10 +132,8 @@ def generate_texts(model, tok, rows: Sequence[Sequence[int]], max_new_tokens: in
 
 def load(args: argparse.Namespace):
     """(model on CPU in eval mode, tokenizer) from --init-from, --ckpt, --config or out/small."""
-    from checkpoint import clean_state_dict, find_checkpoint, load_checkpoint
+    from checkpoint import find_checkpoint, load_model
     from data.tokenizer import get_tokenizer, tokenizer_from_manifest
-    from model import GPT, GPTConfig
-
     if args.init_from:
         from model.hf import load_hf_gpt2
 
@@ -148,7 +146,7 @@ def load(args: argparse.Namespace):
         if not (where / "ckpt.pt").is_file():
             raise UserError(f"no checkpoint in {where}; train one first: `python train.py --config {args.config}`")
     path = find_checkpoint(where)
-    ckpt = load_checkpoint(path)
+    model, ckpt = load_model(path)
     manifest_path = path.parent / "manifest.json"
     if manifest_path.is_file():
         try:
@@ -164,17 +162,10 @@ def load(args: argparse.Namespace):
     if not isinstance(manifest, dict):
         raise UserError(f"{manifest_path} is not a data manifest (expected a JSON object)")
     tok = tokenizer_from_manifest(manifest)
-    try:
-        model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
-        model.load_state_dict(clean_state_dict(ckpt["model"]))
-    except (TypeError, KeyError, RuntimeError, AttributeError) as e:
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise UserError(f"checkpoint {path}: weights do not match its model_config ({reason}); "
-                        "the file is damaged or from another project") from None
     train_config = ckpt.get("train_config")
     declared = train_config.get("vocab_size") if isinstance(train_config, dict) else None
     check_vocab(model, tok, str(path), declared)
-    return model.eval(), tok
+    return model, tok
 
 
 def check_vocab(model, tok, where: str, declared: int | None = None) -> None:

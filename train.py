@@ -39,7 +39,7 @@ from runtime import GlobalBatchLoader, Runtime, RunLog, StopSignal, setup
 
 # TrainConfig fields that define the network (the rest is optimisation and bookkeeping)
 MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "vocab_size", "bias", "pos_emb", "norm",
-                "activation", "qk_norm", "tie_weights")
+                "activation", "qk_norm", "tie_weights", "attention")
 
 
 class TrainingDiverged(UserError):
@@ -51,7 +51,7 @@ def build_model(cfg: TrainConfig, vocab_size: int, ckpt: dict | None) -> tuple[t
 
     Weights from a checkpoint or a pretrained model bring their architecture (cfg's model fields
     are updated to match and the difference is printed); dropout always comes from cfg."""
-    from checkpoint import clean_state_dict
+    from checkpoint import model_from_checkpoint
     from model import GPT, GPTConfig
 
     source, src = ("checkpoint", ckpt) if ckpt is not None else (cfg.init_from, None)
@@ -68,8 +68,7 @@ def build_model(cfg: TrainConfig, vocab_size: int, ckpt: dict | None) -> tuple[t
             raise UserError(f"--init-from {path}: {what if path.exists() else 'does not exist'}; for GPT-2 run "
                             f"`huggingface-cli download gpt2 --local-dir {path}` where there is internet")
     if src is not None:
-        model = GPT(GPTConfig.from_dict({**src["model_config"], "dropout": cfg.dropout}))
-        model.load_state_dict(clean_state_dict(src["model"]))
+        model = model_from_checkpoint(src, source, dropout=cfg.dropout)
     elif not cfg.init_from:
         fields = {k: getattr(cfg, k) for k in MODEL_FIELDS} | {"vocab_size": cfg.vocab_size or vocab_size}
         model = GPT(GPTConfig(block_size=cfg.block_size, dropout=cfg.dropout, **fields))

@@ -44,6 +44,7 @@ class TrainConfig:
     activation: Literal["gelu", "relu2"] = "gelu"
     qk_norm: bool = False
     tie_weights: bool = True
+    attention: Literal["sdpa", "explicit"] = "sdpa"  # same numbers; which kernel is faster depends on the device
     # optimisation: batch_size is per process; tokens_per_step is the global batch of one
     # optimizer step, reached by gradient accumulation (0 = one micro-batch per process)
     batch_size: int = 12  # sequences per micro-batch per process
