@@ -109,7 +109,7 @@ def bench_sample(args: argparse.Namespace) -> None:
     for flag in ("block_size", "new_tokens", "prompt_len", "batch_size", "repeats"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
-    rt = setup(device=args.device, dtype=args.dtype, seed=0)
+    rt = setup(device=args.device, dtype=args.dtype, seed=0, training=False)
     if rt.device_type == "cpu" and (threads := cpu_threads(args.threads, args.n_embd)):
         torch.set_num_threads(threads)  # what sample.py would use
     config = GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer,

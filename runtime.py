@@ -105,11 +105,12 @@ def _pick_device(device: str, local_rank: int) -> str:
     return device
 
 
-def _pick_dtype(dtype: str, device_type: str) -> torch.dtype:
+def _pick_dtype(dtype: str, device_type: str, training: bool = True) -> torch.dtype:
     if dtype == "auto":
         if device_type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        if device_type == "cpu" and cpu_has_native_bf16():
+        # Decoding one token at a time is overhead-bound on CPU, and fp32 is faster there.
+        if device_type == "cpu" and training and cpu_has_native_bf16():
             return torch.bfloat16
         return torch.float32
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -133,12 +134,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # seeds every CUDA device too
 
 
-def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: int | None = 1337) -> Runtime:
+def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: int | None = 1337,
+          training: bool = True) -> Runtime:
     """Pick device and precision, seed the RNGs, join the process group under torchrun.
 
     `cfg` is anything with .device, .dtype and .seed (a TrainConfig); without one the keyword
     arguments are used. Each rank seeds with seed + rank so dropout masks differ between
     ranks; the weights still start identical because DDP broadcasts rank 0's at wrap time.
+    training=False (sampling) keeps dtype auto at float32 on CPU: bf16 speeds up training
+    steps there, but one-token decode steps are overhead-bound and run faster in float32.
     """
     if cfg is not None:
         device, dtype, seed = cfg.device, cfg.dtype, cfg.seed
@@ -164,7 +168,7 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
         torch.cuda.set_device(dev)
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: ~free speed on Ampere+
         torch.backends.cudnn.allow_tf32 = True
-    amp_dtype = _pick_dtype(dtype, device_type)
+    amp_dtype = _pick_dtype(dtype, device_type, training)
     scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
     if seed is not None:
         seed_everything(seed + rank)

@@ -23,5 +23,5 @@ CONFIG = replace(
     batch_size=12,
     optimizer="muon", muon_lr=0.02, lr=3e-3, min_lr=0.0, beta2=0.99, weight_decay=0.1,
     warmup_iters=30, lr_schedule="wsd", decay_frac=0.4,
-    max_iters=1800, eval_interval=500, eval_iters=0, eval_batch_size=256, log_interval=10,
+    max_iters=1800, eval_interval=600, eval_iters=0, eval_batch_size=256, log_interval=10,
 )
