@@ -6,7 +6,6 @@ import inspect
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -356,12 +355,3 @@ def test_split_too_short_for_block_size(token_file):
     for make in (lambda: BatchLoader(token_file, 5000, 2), lambda: eval_batches(token_file, 5000, 2)):
         with pytest.raises(UserError, match=r"train split .* 5000 tokens.*block_size \+ 1 = 5001.*--block-size"):
             make()
-
-
-def test_loader_is_fast(token_file):
-    loader = BatchLoader(token_file, 64, 12)
-    loader.next_batch()
-    t0 = time.perf_counter()
-    for _ in range(200):
-        loader.next_batch()
-    assert (time.perf_counter() - t0) / 200 < 1e-3

@@ -20,14 +20,6 @@ BLOCK = 16
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def tiny_model(seed: int = 0, vocab: int = len(CHARS), **kw) -> GPT:
     """float64 so cache vs recompute vs batched differ by ~1e-15: no argmax ties flip."""
     torch.manual_seed(seed)
