@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import CausalSelfAttention
+from .attention import CausalSelfAttention, lengths_to_mask
 from .config import GPTConfig
 from .layers import RMSNorm, Rotary, make_norm
 
@@ -175,15 +175,23 @@ class GPT(nn.Module):
             out += (attentions,)
         return out
 
-    def trunk(self, idx, padding_mask=None, valid_lens=None, kv_cache=None, output_hidden_states=False, return_attention=False):
+    def trunk(
+        self,
+        idx: torch.Tensor,
+        padding_mask: torch.Tensor | None = None,
+        valid_lens: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        output_hidden_states: bool = False,
+        return_attention: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Everything before the final norm: (B, T) ids -> residual stream (B, T, C), plus the
-        per-layer hidden states and attention weights when asked."""
+        per-layer hidden states and attention weights when asked (else empty lists)."""
         B, T = idx.size()
         offset = kv_cache.pos if kv_cache is not None else 0
         if offset + T > self.config.block_size:
             raise ValueError(f"sequence of length {offset + T} is longer than block_size {self.config.block_size}")
         if valid_lens is not None:
-            padding_mask = torch.arange(T, device=idx.device)[None, :] < valid_lens[:, None]
+            padding_mask = lengths_to_mask(valid_lens, T)
         key_mask = kv_cache.extend_mask(padding_mask, T) if kv_cache is not None else padding_mask
         if key_mask is None:
             pos = torch.arange(offset, offset + T, device=idx.device)[None, :]  # (1, T)
