@@ -28,11 +28,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
+from data.loader import BatchLoader, to_device
 from errors import UserError
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched by substring of
@@ -186,20 +187,16 @@ class GlobalBatchLoader:
     """
 
     def __init__(self, path: Path, cfg: Any, rt: Runtime) -> None:
-        from data import BatchLoader
-
         self.rt = rt
         self.loader = BatchLoader(path, cfg.block_size, cfg.batch_size * rt.world_size, device="cpu",
                                   seed=cfg.seed, rank=0, world_size=1, sampling=cfg.sampling)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.loader.next_batch()
-        rank, world, dev = self.rt.rank, self.rt.world_size, self.rt.device
+        x, y = self.loader.next_batch()  # on the CPU: keep only this rank's rows before the copy
+        rank, world = self.rt.rank, self.rt.world_size
         if world > 1:
             x, y = x[rank::world].contiguous(), y[rank::world].contiguous()
-        if self.rt.device_type == "cuda":
-            return x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
-        return x.to(dev), y.to(dev)
+        return to_device(x, y, self.rt.device)
 
     def state_dict(self) -> dict[str, Any]:
         return self.loader.state_dict()
@@ -345,11 +342,3 @@ class RunLog:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
-
-
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Read a metrics.jsonl back (tests, notebooks)."""
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)

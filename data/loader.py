@@ -50,9 +50,13 @@ def _load_windows(path: str | os.PathLike, block_size: int) -> tuple[np.ndarray,
     return np.lib.stride_tricks.sliding_window_view(data, block_size + 1), n
 
 
-def _to_device(rows: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.from_numpy(rows[:, :-1].astype(np.int64))
-    y = torch.from_numpy(rows[:, 1:].astype(np.int64))
+def _split(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.from_numpy(rows[:, :-1].astype(np.int64)), torch.from_numpy(rows[:, 1:].astype(np.int64))
+
+
+def to_device(x: torch.Tensor, y: torch.Tensor, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move a CPU batch to device; on CUDA through pinned memory, without blocking."""
+    device = torch.device(device)
     if device.type == "cuda":
         return (x.pin_memory().to(device, non_blocking=True),
                 y.pin_memory().to(device, non_blocking=True))
@@ -97,13 +101,6 @@ class BatchLoader:
                 )
             self._perm_cache: tuple[int, np.ndarray] | None = None
 
-    @property
-    def epoch(self) -> float:
-        """Passes over the split so far (all ranks together); exact in "epoch" mode."""
-        if self.sampling == "epoch":
-            return self.step * self.batch_size / self.windows_per_rank
-        return self.step * self.batch_size * self.world_size * self.block_size / (self.n_tokens - 1)
-
     def _perm(self, epoch: int) -> np.ndarray:
         if self._perm_cache is None or self._perm_cache[0] != epoch:
             perm = np.random.default_rng([self.seed, epoch]).permutation(self.n_windows)
@@ -127,7 +124,7 @@ class BatchLoader:
         """(x, y), each (batch_size, block_size) int64 on the loader's device."""
         rows = self._windows[self._starts(self.step)]
         self.step += 1
-        return _to_device(rows, self.device)
+        return to_device(*_split(rows), self.device)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self
@@ -161,5 +158,5 @@ def eval_batches(
     if max_batches is not None:
         starts = starts[: max_batches * batch_size]
     device = torch.device(device)
-    return (_to_device(windows[starts[i : i + batch_size]], device)
+    return (to_device(*_split(windows[starts[i : i + batch_size]]), device)
             for i in range(0, len(starts), batch_size))
