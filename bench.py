@@ -378,7 +378,9 @@ def bench_time_to_loss(args: argparse.Namespace) -> None:
             proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent, capture_output=True, text=True, check=False)
             wall = time.perf_counter() - t0
             if proc.returncode != 0:
-                raise UserError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr.strip()[-2000:]}")
+                # train.py's own one-line error says what to fix; a crash's last line says what broke
+                last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("error: ")
+                raise UserError(f"train.py --config {args.config} exited {proc.returncode}: {last}")
             lines = (Path(tmp) / "metrics.jsonl").read_text().splitlines()
         evals = [json.loads(line) for line in lines if '"val_loss"' in line]
         stopped = re.search(r"stopped at step \d+ \((\w+)\)", proc.stdout)
