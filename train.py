@@ -32,14 +32,13 @@ from typing import Any
 import torch
 
 from checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint, write_json
-from configs import TrainConfig, available_configs, help_text, load_config
+from configs import TrainConfig, available_configs, help_text, load_config, model_fields
 from errors import UserError, entry_point
 from optim import configure_optimizer, lr_multiplier, set_lr
 from runtime import GlobalBatchLoader, Runtime, RunLog, StopSignal, setup
 
-# TrainConfig fields that define the network (the rest is optimisation and bookkeeping)
-MODEL_FIELDS = ("n_layer", "n_head", "n_embd", "vocab_size", "bias", "pos_emb", "norm",
-                "activation", "qk_norm", "tie_weights", "attention")
+# The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
+ARCH_FIELDS = tuple(k for k in model_fields() if k not in ("dropout", "block_size"))
 
 
 class TrainingDiverged(UserError):
@@ -52,7 +51,7 @@ def build_model(cfg: TrainConfig, vocab_size: int, ckpt: dict | None) -> tuple[t
     Weights from a checkpoint or a pretrained model bring their architecture (cfg's model fields
     are updated to match and the difference is printed); dropout always comes from cfg."""
     from checkpoint import model_from_checkpoint
-    from model import GPT, GPTConfig
+    from model import GPT
 
     source, src = ("checkpoint", ckpt) if ckpt is not None else (cfg.init_from, None)
     path = Path(cfg.init_from)
@@ -70,16 +69,15 @@ def build_model(cfg: TrainConfig, vocab_size: int, ckpt: dict | None) -> tuple[t
     if src is not None:
         model = model_from_checkpoint(src, source, dropout=cfg.dropout)
     elif not cfg.init_from:
-        fields = {k: getattr(cfg, k) for k in MODEL_FIELDS} | {"vocab_size": cfg.vocab_size or vocab_size}
-        model = GPT(GPTConfig(block_size=cfg.block_size, dropout=cfg.dropout, **fields))
+        model = GPT(cfg.model_config(vocab_size))
     mc = model.config
     if mc.vocab_size < vocab_size:
         raise UserError(f"the model's vocabulary ({mc.vocab_size}) is smaller than the tokenizer's of "
                         f"dataset {cfg.dataset} ({vocab_size}); use a dataset with the model's tokenizer")
     if cfg.block_size > mc.block_size:
         raise UserError(f"--block-size {cfg.block_size} exceeds the model's context ({mc.block_size})")
-    built = replace(cfg, **{k: getattr(mc, k) for k in MODEL_FIELDS})
-    changed = [f"{k}={getattr(built, k)}" for k in MODEL_FIELDS if getattr(cfg, k) != getattr(built, k)
+    built = replace(cfg, **{k: getattr(mc, k) for k in ARCH_FIELDS})
+    changed = [f"{k}={getattr(built, k)}" for k in ARCH_FIELDS if getattr(cfg, k) != getattr(built, k)
                and not (k == "vocab_size" and cfg.vocab_size == 0)]
     if changed:
         print(f"note: architecture taken from {source}: {' '.join(changed)}")
@@ -91,7 +89,7 @@ def check_resumable(cfg: TrainConfig, ckpt: dict, path: Path) -> None:
     if saved.get("dataset") != cfg.dataset:
         raise UserError(f"cannot resume {path}: it trained on {saved.get('dataset')!r}, this run asks for "
                         f"{cfg.dataset!r}; drop --resume, or use --init-from {path} to fine-tune")
-    ignore = {"resume", "init_from", *MODEL_FIELDS}  # the checkpoint's architecture wins anyway
+    ignore = {"resume", "init_from", *ARCH_FIELDS}  # the checkpoint's architecture wins anyway
     changes = [f"{k} {saved[k]!r} -> {v!r}" for k, v in cfg.to_dict().items()
                if k in saved and k not in ignore and saved[k] != v]
     if changes:

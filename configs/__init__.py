@@ -19,9 +19,12 @@ import pkgutil
 import textwrap
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin, get_type_hints
 
 from errors import UserError
+
+if TYPE_CHECKING:
+    from model.config import GPTConfig
 
 
 @dataclass(frozen=True)
@@ -84,26 +87,30 @@ class TrainConfig:
     wandb_run_name: str = ""  # "" = the config name
 
     def __post_init__(self) -> None:
-        positive = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters",
-                    "eval_interval", "log_interval")
+        self.model_config(vocab_size=1)  # GPTConfig validates the model fields
+        positive = ("batch_size", "max_iters", "eval_interval", "log_interval")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be positive, got {getattr(self, name)}")
-        non_negative = ("vocab_size", "tokens_per_step", "lr", "min_lr", "warmup_iters",
+        non_negative = ("tokens_per_step", "lr", "min_lr", "warmup_iters",
                         "lr_decay_iters", "weight_decay", "grad_clip", "max_time", "eval_iters",
                         "eval_batch_size", "threads", "muon_lr",
                         "sample_tokens")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.n_embd % self.n_head:
-            raise UserError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise UserError(f"dropout must be in [0, 1), got {self.dropout}")
         if not 0.0 < self.decay_frac <= 1.0:
             raise UserError(f"decay_frac must be in (0, 1], got {self.decay_frac}")
         if self.min_lr > self.lr:
             raise UserError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        """The network this config describes: every field GPTConfig shares with TrainConfig,
+        with vocab_size 0 meaning the tokenizer's (the argument)."""
+        from model.config import GPTConfig
+
+        shared = {k: getattr(self, k) for k in model_fields()}
+        return GPTConfig(**shared | {"vocab_size": self.vocab_size or vocab_size})
 
     @property
     def run_dir(self) -> Path:
@@ -118,9 +125,16 @@ class TrainConfig:
         return textwrap.fill(text, width=width, subsequent_indent="  ")
 
 
+def model_fields() -> tuple[str, ...]:
+    """TrainConfig fields that define the network (the rest is optimisation and bookkeeping)."""
+    from model.config import GPTConfig
+
+    return tuple(f.name for f in fields(GPTConfig) if f.name in FIELDS)
+
+
+FIELDS = tuple(f.name for f in fields(TrainConfig))
 BASE = TrainConfig()
 _TYPES = get_type_hints(TrainConfig)
-FIELDS = tuple(f.name for f in fields(TrainConfig))
 
 
 def available_configs() -> list[str]:

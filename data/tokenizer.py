@@ -124,9 +124,6 @@ class GPT2Tokenizer:
     def encode_array(self, text: str) -> np.ndarray:
         return np.asarray(self.enc.encode_ordinary(text), dtype=np.int64)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.enc.encode_ordinary_batch(texts)
-
     def decode(self, ids: Iterable[int]) -> str:
         return self.enc.decode(self._checked(ids), errors="replace")
 

@@ -2,6 +2,7 @@
 
 from .attention import CausalSelfAttention, MultiHeadAttentionReference
 from .config import GPTConfig
-from .gpt import GPT, KVCache, sample_next
+from .gpt import GPT, sample_next
+from .kv_cache import KVCache
 
 __all__ = ["GPT", "GPTConfig", "KVCache", "CausalSelfAttention", "MultiHeadAttentionReference", "sample_next"]

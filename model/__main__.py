@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from configs import load_config
 
-    from . import GPT, GPTConfig
+    from . import GPT
     from .trace import shape_trace
 
     cfg = load_config(args.config)
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         vocab = json.loads(manifest.read_text())["vocab_size"]
     if not vocab:  # not prepared yet: the two tokenizers' sizes
         vocab = 65 if "char" in cfg.dataset else 50257
-    model = GPT(GPTConfig.from_dict({**cfg.to_dict(), "vocab_size": vocab}))
+    model = GPT(cfg.model_config(vocab))
     print(shape_trace(model, args.batch_size, args.seq_len, args.blocks))
     return 0
 

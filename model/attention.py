@@ -12,17 +12,14 @@ outputs are concatenated and projected. Tests copy the fused weights into it and
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import GPTConfig
+from .kv_cache import KVCache
 from .layers import RMSNorm, apply_rotary
-
-if TYPE_CHECKING:
-    from .gpt import KVCache
 
 
 def causal_mask(size: int) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .attention import CausalSelfAttention, lengths_to_mask
 from .config import GPTConfig
+from .kv_cache import KVCache
 from .layers import RMSNorm, Rotary, make_norm
 
 
@@ -51,42 +52,6 @@ class Block(nn.Module):
         x = x + a
         x = x + self.mlp(self.ln_2(x))
         return (x, att) if return_attention else x
-
-
-class KVCache:
-    """Keys and values of the positions seen so far, for every layer, preallocated.
-
-    `pos` is how many positions are stored. `key_mask` (B, pos) is kept only when some
-    position is padding, so unpadded decoding stays on the mask-free fast path.
-    """
-
-    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype):
-        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_size)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.pos = 0
-        self.key_mask: torch.Tensor | None = None
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (B, nh, T, hs) at positions pos .. pos+T-1; return all keys/values so far."""
-        end = self.pos + k.size(2)
-        if end > self.k.size(3):
-            raise ValueError(f"KV cache holds {self.k.size(3)} positions, asked for {end}")
-        self.k[layer, :, :, self.pos : end] = k
-        self.v[layer, :, :, self.pos : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
-
-    def extend_mask(self, padding_mask: torch.Tensor | None, T: int) -> torch.Tensor | None:
-        """The key mask over all positions after appending T new ones (None: no padding anywhere)."""
-        if padding_mask is None and self.key_mask is None:
-            return None
-        B = self.k.size(1)
-        if self.key_mask is None:
-            self.key_mask = torch.ones(B, self.pos, dtype=torch.bool, device=self.k.device)
-        if padding_mask is None:
-            padding_mask = torch.ones(B, T, dtype=torch.bool, device=self.k.device)
-        self.key_mask = torch.cat([self.key_mask, padding_mask], dim=1)
-        return self.key_mask
 
 
 class GPT(nn.Module):
@@ -262,7 +227,7 @@ class GPT(nn.Module):
                 # real tokens per row in the cache; they always fill the cache's last lens[b] slots
                 lens = mask[:, window].sum(1).tolist() if mask is not None else [cache.pos] * B
             else:
-                self._slide(cache, lens, idx)
+                cache.slide(lens, idx, self.trunk)
                 x, _, _ = self.trunk(next_input, kv_cache=cache)
                 lens = [n + 1 for n in lens]
             logits = self.lm_head(self.transformer.ln_f(x[:, -1]))  # (B, C) -> (B, V)
@@ -277,36 +242,6 @@ class GPT(nn.Module):
                 mask = torch.cat([mask[:, -block_size:], torch.ones_like(next_input, dtype=torch.bool)], dim=1)
             if eos_id is not None and bool(done.all()):
                 return
-
-    def _slide(self, cache: KVCache, lens: list[int], idx: torch.Tensor) -> None:
-        """Before a cached step: each row whose context filled block_size gets its cache rebuilt
-        from its last block_size // 2 tokens, the newest of which the step itself feeds, exactly
-        when and as it would decoded alone (so a batch decodes like its rows one by one). Then,
-        if the cache is full, drop the leading slots that are padding in every row."""
-        block_size = self.config.block_size
-        rows = [b for b, n in enumerate(lens) if n >= block_size]
-        P, keep = cache.pos, block_size // 2 - 1
-        if rows and keep > 0:
-            fresh = KVCache(self.config, len(rows), keep, idx.device, cache.k.dtype)
-            self.trunk(idx[rows, -keep - 1 : -1], kv_cache=fresh)
-            cache.k[:, rows, :, P - keep : P] = fresh.k
-            cache.v[:, rows, :, P - keep : P] = fresh.v
-        if rows:
-            if cache.key_mask is None:
-                cache.key_mask = torch.ones(len(lens), P, dtype=torch.bool, device=idx.device)
-            cache.key_mask[rows, : P - keep] = False
-            for b in rows:
-                lens[b] = keep
-        if P == cache.k.size(3):  # full: every row's real tokens are its last lens[b] slots
-            need = max(lens)
-            cache.k[:, :, :, :need] = cache.k[:, :, :, P - need : P].clone()
-            cache.v[:, :, :, :need] = cache.v[:, :, :, P - need : P].clone()
-            cache.pos = need
-            if cache.key_mask is not None:
-                cache.key_mask = cache.key_mask[:, P - need :]
-                if bool(cache.key_mask.all()):
-                    cache.key_mask = None  # back on the mask-free fast path
-
 
 def sample_next(
     logits: torch.Tensor,
