@@ -1,6 +1,5 @@
-"""Where a run executes and what it reports: device, precision, seeds and DDP (setup); how
-ranks share the data (GlobalBatchLoader); Ctrl-C handling (StopSignal); metrics.jsonl,
-loss.png and wandb (RunLog).
+"""Where a run executes: device, precision, seeds and DDP (setup); how ranks share the data
+(GlobalBatchLoader); how it is asked to stop (StopSignal).
 
     rt = setup(cfg)                     # or setup(device="auto", dtype="auto") from sample.py
     with rt.autocast():
@@ -19,13 +18,11 @@ Parameters and optimizer state always stay float32; autocast only lowers the mat
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -233,112 +230,3 @@ class StopSignal:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-
-
-def _wandb_has_key(wandb: Any) -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return bool(wandb.login(prompt=False, verify=False))
-    except Exception:  # older wandb without prompt=, or a broken settings file: treat as no key
-        return False
-
-
-class RunLog:
-    """The run's record: metrics.jsonl and loss.png always, wandb when asked.
-
-    On resume, metric lines past the checkpoint's step are dropped (they describe steps the
-    resumed run will redo), so the file and the plot stay one consistent history.
-    """
-
-    def __init__(self, out_dir: Path, resume_step: int | None = None) -> None:
-        self.out_dir = Path(out_dir)
-        self.path = self.out_dir / "metrics.jsonl"
-        self.records: list[dict[str, Any]] = []
-        if resume_step is not None and self.path.exists():
-            for line in self.path.read_text().splitlines():
-                with contextlib.suppress(json.JSONDecodeError):
-                    rec = json.loads(line)
-                    if rec.get("step", 0) <= resume_step:
-                        self.records.append(rec)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in self.records)
-        self.wandb: Any = None
-        self.plotted_at, self.plot_cost = 0.0, 0.5
-        self.samples: list[list[Any]] = []
-
-    def start_wandb(self, project: str, name: str, config: dict[str, Any], run_id: str | None) -> str:
-        """Start (or continue, given run_id) a wandb run in out_dir/wandb; returns its id."""
-        try:
-            import wandb
-        except ImportError:
-            raise UserError("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
-        mode = None  # wandb's own choice: WANDB_MODE, its settings, else online
-        if "WANDB_MODE" not in os.environ and not _wandb_has_key(wandb):
-            mode = "offline"  # no account needed; same effect as WANDB_MODE=offline
-        self.wandb = wandb.init(project=project, name=name, config=config, dir=str(self.out_dir),
-                                id=run_id, resume="allow", mode=mode)
-        if self.wandb.settings.mode == "offline" or mode == "offline":
-            print("wandb: logging offline; upload later with "
-                  f"`wandb sync {self.out_dir / 'wandb'}/offline-run-*`")
-        return self.wandb.id
-
-    def log(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.wandb is not None:
-            self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None},
-                           step=record["step"])
-
-    def log_sample(self, step: int, text: str) -> None:
-        if self.wandb is not None:
-            import wandb
-
-            self.samples.append([step, text])  # the whole table each time: wandb tables are immutable
-            self.wandb.log({"samples": wandb.Table(columns=["step", "text"], data=self.samples)}, step=step)
-
-    def plot(self, force: bool = True) -> Path | None:
-        """Train and val loss against step in loss.png; None (and a note) without matplotlib.
-
-        force=False redraws at most every 30 s (a redraw costs ~0.3 s on a small CPU)."""
-        if not force and time.time() - self.plotted_at < 30:
-            return None
-        self.plotted_at = time.time()
-        try:
-            return self._plot()
-        finally:
-            self.plot_cost = time.time() - self.plotted_at  # for max_time's reserve
-
-    def _plot(self) -> Path | None:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("note: matplotlib is not installed, skipping loss.png (pip install matplotlib)")
-            return None
-
-        def series(key: str) -> tuple[list[int], list[float]]:
-            pts = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]
-            return [p[0] for p in pts], [p[1] for p in pts]
-
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        ax.plot(*series("loss"), color="tab:blue", alpha=0.35, lw=1, label="train (running)")
-        ax.plot(*series("train_loss"), "o-", color="tab:blue", ms=3, label="train (eval)")
-        ax.plot(*series("val_loss"), "o-", color="tab:orange", ms=3, label="val")
-        ax.set(xlabel="step", ylabel="loss", title=self.out_dir.name)
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        path = self.out_dir / "loss.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
-
-    def close(self) -> None:
-        if self.wandb is not None:
-            self.wandb.finish()
-            self.wandb = None

@@ -35,7 +35,8 @@ from checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, sa
 from configs import TrainConfig, available_configs, help_text, load_config, model_fields
 from errors import UserError, entry_point
 from optim import configure_optimizer, lr_multiplier, set_lr
-from runtime import GlobalBatchLoader, Runtime, RunLog, StopSignal, setup
+from runlog import RunLog
+from runtime import GlobalBatchLoader, Runtime, StopSignal, setup
 
 # The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
 ARCH_FIELDS = tuple(k for k in model_fields() if k not in ("dropout", "block_size"))
