@@ -241,7 +241,8 @@ def bench_train(args: argparse.Namespace) -> None:
     from configs import load_config
     from optim import configure_optimizer
     from runtime import GlobalBatchLoader, setup
-    from train import build_model, dataset_dir, forward_backward, optimizer_step
+    from train import forward_backward, optimizer_step
+    from trainrun import build_model, dataset_dir
 
     if args.iters < 1 or args.warmup < 0 or args.block < 1:
         raise UserError("--iters and --block must be at least 1, --warmup at least 0")

@@ -1,7 +1,8 @@
 """Run directories on disk: atomic checkpoint writes, safe loads, RNG state capture.
 
-A run directory (out/<config>/) holds ckpt.pt, config.json, manifest.json, metrics.jsonl and
-loss.png. ckpt.pt is one dict of tensors and plain Python containers, so it loads with
+A run directory (out/<config>/) holds ckpt.pt (the latest, what --resume continues), best.pt
+(the checkpoint with the lowest val loss so far), config.json, manifest.json, metrics.jsonl and
+loss.png. A checkpoint is one dict of tensors and plain Python containers, so it loads with
 `torch.load(weights_only=True)` (no pickled code runs when opening a checkpoint):
 
     model          state_dict of the raw module (never the compiled or DDP wrapper)
@@ -9,7 +10,8 @@ loss.png. ckpt.pt is one dict of tensors and plain Python containers, so it load
     train_config   dataclasses.asdict(TrainConfig)
     optimizer, scaler, step, loader, rng, best_val, wandb_id, manifest, version
 
-    path = find_checkpoint("out/small")          # a run dir, a ckpt file, or None -> out/small
+    path = find_checkpoint("out/small")          # a run dir (its ckpt.pt), a .pt file, or None -> out/small
+    path = find_checkpoint("out/small", best=True)   # its best.pt when there is one
     model, ckpt = load_model(path, device="cpu")
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ import torch
 from errors import UserError
 
 CKPT_NAME = "ckpt.pt"
+BEST_NAME = "best.pt"
 DEFAULT_RUN = "out/small"
 VERSION = 1
 
@@ -60,11 +64,12 @@ def write_json(path: str | Path, obj: Any) -> None:
     _atomic_write(Path(path), lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))
 
 
-def find_checkpoint(path: str | Path | None = None) -> Path:
-    """The ckpt.pt for a run dir or file; None means the default run, out/small."""
+def find_checkpoint(path: str | Path | None = None, best: bool = False) -> Path:
+    """The checkpoint of a run dir (best=True: its best.pt if it has one, else ckpt.pt) or a
+    .pt file; None means the default run, out/small."""
     p = Path(path if path is not None else DEFAULT_RUN)
     if p.is_dir() or p.suffix != ".pt":
-        p = p / CKPT_NAME
+        p = p / BEST_NAME if best and (p / BEST_NAME).is_file() else p / CKPT_NAME
     if p.is_file():
         return p
     runs = sorted(str(c.parent) for c in Path("out").glob(f"*/{CKPT_NAME}")) if Path("out").is_dir() else []
@@ -72,9 +77,26 @@ def find_checkpoint(path: str | Path | None = None) -> Path:
     raise UserError(f"no checkpoint at {p}; train one first, e.g. `python train.py --config small`{hint}")
 
 
-def load_checkpoint(path: str | Path | None = None, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def keep_best(run_dir: str | Path) -> Path:
+    """Make best.pt the ckpt.pt just written: a hard link (no copy; the next atomic replace of
+    ckpt.pt makes a new file and leaves this one alone), or a copy where links are not allowed."""
+    run_dir = Path(run_dir)
+    best, tmp = run_dir / BEST_NAME, run_dir / f".{BEST_NAME}.{os.getpid()}.tmp"
+    try:
+        try:
+            os.link(run_dir / CKPT_NAME, tmp)
+        except OSError:
+            shutil.copyfile(run_dir / CKPT_NAME, tmp)
+        os.replace(tmp, best)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return best
+
+
+def load_checkpoint(path: str | Path | None = None, map_location: str | torch.device = "cpu",
+                    best: bool = False) -> dict[str, Any]:
     """Load a checkpoint dict safely (weights_only); a clear UserError if it is not one."""
-    p = find_checkpoint(path)
+    p = find_checkpoint(path, best)
     try:
         ckpt = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as e:  # truncated zip, random bytes, pickled objects...: all unusable
@@ -101,9 +123,9 @@ def model_from_checkpoint(ckpt: dict[str, Any], where: str | Path, **overrides: 
     return model
 
 
-def load_model(path: str | Path | None = None, device: str | torch.device = "cpu"):
+def load_model(path: str | Path | None = None, device: str | torch.device = "cpu", best: bool = False):
     """(GPT, checkpoint dict) from a run dir or ckpt file, in eval mode on `device`."""
-    path = find_checkpoint(path)
+    path = find_checkpoint(path, best)
     ckpt = load_checkpoint(path, map_location="cpu")
     return model_from_checkpoint(ckpt, path).to(device).eval(), ckpt
 

@@ -107,8 +107,14 @@ class Chain:
         return {"chain": [opt.state_dict() for opt in self.optimizers]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the optimizers' state (moments, momentum buffers, step counts) but keep the
+        hyperparameters this run was configured with: torch's load_state_dict brings back the
+        saved ones, which would silently ignore a changed --lr or --weight-decay on --resume."""
         for opt, s in zip(self.optimizers, state["chain"], strict=True):
+            configured = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
             opt.load_state_dict(s)
+            for group, hyper in zip(opt.param_groups, configured, strict=True):
+                group.update(hyper)
 
 
 def configure_optimizer(model: torch.nn.Module, cfg: Any, device_type: str) -> Chain:

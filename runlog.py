@@ -25,17 +25,20 @@ class RunLog:
     """The run's record: metrics.jsonl and loss.png always, wandb when asked.
 
     On resume, metric lines past the checkpoint's step are dropped (they describe steps the
-    resumed run will redo), so the file and the plot stay one consistent history.
+    resumed run will redo), so the file and the plot stay one consistent history. wandb keeps
+    what it was sent, so steps it already has are not sent again.
     """
 
-    def __init__(self, out_dir: Path, resume_step: int | None = None) -> None:
-        self.out_dir = Path(out_dir)
+    def __init__(self, out_dir: Path, started: float, resume_step: int | None = None) -> None:
+        self.out_dir, self.started = Path(out_dir), started  # started: time.time() at the run's start
         self.path = self.out_dir / "metrics.jsonl"
         self.records: list[dict[str, Any]] = []
+        self.wandb_has = -1  # the last step the previous attempt of this run sent to wandb
         if resume_step is not None and self.path.exists():
             for line in self.path.read_text().splitlines():
                 with contextlib.suppress(json.JSONDecodeError):
                     rec = json.loads(line)
+                    self.wandb_has = max(self.wandb_has, rec.get("step", -1))
                     if rec.get("step", 0) <= resume_step:
                         self.records.append(rec)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -56,6 +59,7 @@ class RunLog:
             mode = "offline"  # no account needed; same effect as WANDB_MODE=offline
         self.wandb = wandb.init(project=project, name=name, config=config, dir=str(self.out_dir),
                                 id=run_id, resume="allow", mode=mode)
+        self.wandb.define_metric("val_loss", summary="min")  # the run's summary is its best val loss
         if self.wandb.settings.mode == "offline" or mode == "offline":
             print("wandb: logging offline; upload later with "
                   f"`wandb sync {self.out_dir / 'wandb'}/offline-run-*`")
@@ -65,12 +69,12 @@ class RunLog:
         self.records.append(record)
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.wandb is not None:
+        if self.wandb is not None and record["step"] > self.wandb_has:
             self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None},
                            step=record["step"])
 
     def log_sample(self, step: int, text: str) -> None:
-        if self.wandb is not None:
+        if self.wandb is not None and step > self.wandb_has:
             import wandb
 
             self.samples.append([step, text])  # the whole table each time: wandb tables are immutable
@@ -115,7 +119,8 @@ class RunLog:
         plt.close(fig)
         return path
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
+        """exit_code != 0 marks the wandb run as failed (a crash, a divergence, an interruption)."""
         if self.wandb is not None:
-            self.wandb.finish()
+            self.wandb.finish(exit_code=exit_code)
             self.wandb = None

@@ -145,7 +145,7 @@ def load(args: argparse.Namespace):
         where = load_config(args.config).run_dir
         if not (where / "ckpt.pt").is_file():
             raise UserError(f"no checkpoint in {where}; train one first: `python train.py --config {args.config}`")
-    path = find_checkpoint(where)
+    path = find_checkpoint(where, best=True)
     model, ckpt = load_model(path)
     manifest_path = path.parent / "manifest.json"
     if manifest_path.is_file():
