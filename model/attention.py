@@ -5,8 +5,10 @@ heads, which are split into heads with a reshape `(B, T, C) -> (B, nh, T, hs)`. 
 is a registered `torch.triu` buffer. It also takes a padding mask or per-sequence valid lengths,
 a separate key/value source (cross-attention), a KV cache, and can return its attention weights.
 
-`MultiHeadAttentionReference` is the textbook form: an `nn.ModuleList` of single heads whose
-outputs are concatenated and projected. Tests copy the fused weights into it and compare.
+`MultiHeadAttention` is the textbook form the write-ups use: an `nn.ModuleList` of single
+heads whose outputs are concatenated and projected. It takes what the GPT does not need (a
+head size free of the width, queries, keys and values of different widths, masks in either
+convention, per-query valid lengths) and is the oracle tests load the fused weights into.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ def causal_mask(size: int) -> torch.Tensor:
 
 
 def lengths_to_mask(valid_lens: torch.Tensor, size: int) -> torch.Tensor:
-    """(B,) valid lengths -> (B, size) bool padding mask, True for the first valid_lens[b] positions."""
-    return torch.arange(size, device=valid_lens.device)[None, :] < valid_lens[:, None]
+    """(B,) or (B, Tq) valid lengths -> (B, size) or (B, Tq, size) bool, True below the length."""
+    return torch.arange(size, device=valid_lens.device) < valid_lens[..., None]
 
 
 class CausalSelfAttention(nn.Module):
@@ -141,42 +143,90 @@ class CausalSelfAttention(nn.Module):
 
 
 class Head(nn.Module):
-    """One attention head with its own key, query and value projections and triu mask buffer."""
+    """One head with its own query, key and value projections; causal when given max_seq_len,
+    then with its own triu mask buffer."""
 
-    def __init__(self, n_embd: int, head_size: int, block_size: int, bias: bool = True):
+    def __init__(self, query_size: int, key_size: int, value_size: int, head_size: int,
+                 max_seq_len: int | None, dropout: float, bias: bool):
         super().__init__()
-        self.key = nn.Linear(n_embd, head_size, bias=bias)
-        self.query = nn.Linear(n_embd, head_size, bias=bias)
-        self.value = nn.Linear(n_embd, head_size, bias=bias)
-        self.register_buffer("mask", causal_mask(block_size), persistent=False)
+        self.query = nn.Linear(query_size, head_size, bias=bias)
+        self.key = nn.Linear(key_size, head_size, bias=bias)
+        self.value = nn.Linear(value_size, head_size, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+        causal = causal_mask(max_seq_len) if max_seq_len is not None else None
+        self.register_buffer("causal_mask", causal, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        k, q, v = self.key(x), self.query(x), self.value(x)  # each (B, T, hs)
-        att = q @ k.transpose(-2, -1) * k.size(-1) ** -0.5  # (B, T, hs) @ (B, hs, T) -> (B, T, T)
-        att = att.masked_fill(self.mask[:T, :T], float("-inf"))
-        att = F.softmax(att, dim=-1)
-        return att @ v  # (B, T, T) @ (B, T, hs) -> (B, T, hs)
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                keep: torch.Tensor | None) -> torch.Tensor:
+        """keep: bool, True = attend, broadcastable to (B, Tq, Tk). Returns (B, Tq, hs)."""
+        q, k, v = self.query(query), self.key(key), self.value(value)  # (B, Tq, hs), 2 x (B, Tk, hs)
+        att = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5  # (B, Tq, hs) @ (B, hs, Tk) -> (B, Tq, Tk)
+        if self.causal_mask is not None:
+            att = att.masked_fill(self.causal_mask[: att.size(-2), : att.size(-1)], float("-inf"))
+        if keep is not None:
+            att = att.masked_fill(~keep, float("-inf"))
+        att = self.dropout(F.softmax(att, dim=-1))
+        return att @ v  # (B, Tq, Tk) @ (B, Tk, hs) -> (B, Tq, hs)
 
 
-class MultiHeadAttentionReference(nn.Module):
-    """n_head independent heads run side by side, concatenated, then projected."""
+class MultiHeadAttention(nn.Module):
+    """The textbook form: num_heads independent heads, concatenated, projected to emb_size.
 
-    def __init__(self, n_embd: int, n_head: int, block_size: int, bias: bool = True):
+    head_size is free of the width; query/key/value inputs may each have their own width
+    (default emb_size). causal=True gives each head a (max_seq_len, max_seq_len) triu buffer.
+    One dropout rate is used on the attention weights and on the output.
+    """
+
+    def __init__(self, *, num_heads: int, emb_size: int, head_size: int, query_size: int | None = None,
+                 key_size: int | None = None, value_size: int | None = None, causal: bool = False,
+                 max_seq_len: int | None = None, dropout: float = 0.0, bias: bool = True):
         super().__init__()
-        self.heads = nn.ModuleList(Head(n_embd, n_embd // n_head, block_size, bias) for _ in range(n_head))
-        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
+        if causal != (max_seq_len is not None):
+            raise ValueError("causal=True needs max_seq_len (the size of each head's mask), and only it")
+        sizes = (query_size or emb_size, key_size or emb_size, value_size or emb_size, head_size)
+        self.heads = nn.ModuleList(Head(*sizes, max_seq_len, dropout, bias) for _ in range(num_heads))
+        self.proj = nn.Linear(num_heads * head_size, emb_size, bias=bias)
+        self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(torch.cat([h(x) for h in self.heads], dim=-1))  # nh x (B, T, hs) -> (B, T, C)
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        *,
+        valid_lens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """query (B, Tq, query_size), key (B, Tk, key_size), value (B, Tk, value_size) -> (B, Tq, emb_size).
+
+        key defaults to query and value to key (self-attention). mask: which keys each query
+        may see, bool (True = attend) or 0/1 float (0 = hide), shaped (Tq, Tk), (B, 1, 1, Tk) or
+        (B, 1, Tq, Tk). valid_lens: (B,) or (B, Tq) int, keys at or past it are hidden.
+        Every query must keep at least one key (an all-hidden row has no softmax: NaN).
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        keep = None
+        if mask is not None:
+            # Both write-up signatures put a tensor fourth: refuse lengths here, not misread them.
+            if mask.dim() not in (2, 4) or not (mask.dtype == torch.bool or mask.is_floating_point()):
+                raise ValueError("mask is bool or 0/1 float, (Tq, Tk) or (B, 1, Tq|1, Tk); pass lengths as valid_lens=")
+            keep = (mask if mask.dim() == 2 else mask.squeeze(1)) != 0  # (B, 1, Tq|1, Tk) -> (B, Tq|1, Tk)
+        if valid_lens is not None:
+            lens = valid_lens[:, None] if valid_lens.dim() == 1 else valid_lens  # (B,) -> (B, 1), all queries alike
+            lens_keep = lengths_to_mask(lens, key.size(1))  # (B, Tq|1) -> (B, Tq|1, Tk)
+            keep = lens_keep if keep is None else keep & lens_keep
+        y = torch.cat([h(query, key, value, keep) for h in self.heads], dim=-1)  # nh x (B, Tq, hs) -> (B, Tq, nh * hs)
+        return self.dropout(self.proj(y))  # (B, Tq, nh * hs) -> (B, Tq, emb_size)
 
     @classmethod
     @torch.no_grad()
-    def from_fused(cls, attn: CausalSelfAttention) -> "MultiHeadAttentionReference":
-        """A reference whose weights are the fused module's, head by head (no RoPE, no QK-norm)."""
+    def from_fused(cls, attn: CausalSelfAttention) -> "MultiHeadAttention":
+        """The fused module's weights, head by head (no RoPE, no QK-norm): its test oracle."""
         bias = attn.c_attn.bias is not None
-        ref = cls(attn.n_embd, attn.n_head, attn.causal_mask.size(0), bias)
         hs, C = attn.head_size, attn.n_embd
+        ref = cls(num_heads=attn.n_head, emb_size=C, head_size=hs, causal=True,
+                  max_seq_len=attn.causal_mask.size(0), dropout=attn.dropout, bias=bias)
         w_q, w_k, w_v = attn.c_attn.weight.split(C, dim=0)  # (3C, C) -> 3 x (C, C), heads stacked in rows
         b_q, b_k, b_v = attn.c_attn.bias.split(C) if bias else (None, None, None)
         for h, head in enumerate(ref.heads):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from errors import UserError
-from model import GPT, GPTConfig, MultiHeadAttentionReference
+from model import GPT, GPTConfig, MultiHeadAttention
 from model.attention import CausalSelfAttention
 
 V = 37
@@ -86,7 +86,7 @@ def test_explicit_path_equals_sdpa(arch):
 def test_fused_attention_equals_modulelist_of_heads():
     torch.manual_seed(0)
     attn = CausalSelfAttention(tiny(n_head=4)).eval()
-    ref = MultiHeadAttentionReference.from_fused(attn).eval()
+    ref = MultiHeadAttention.from_fused(attn).eval()
     assert len(ref.heads) == 4
     x = torch.randn(2, 10, 16)
     torch.testing.assert_close(attn(x), ref(x), atol=1e-6, rtol=0)
