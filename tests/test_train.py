@@ -189,3 +189,107 @@ def test_ddp_two_processes_match_one(tmp_path, data_root):
     assert torch.allclose(torch.tensor(list(ddp.values())), torch.tensor(list(one.values())), rtol=1e-5, atol=1e-6)
     a, b = load_checkpoint(tmp_path / "ddp")["model"], load_checkpoint(tmp_path / "one")["model"]
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
+
+
+def scripted_evals(monkeypatch, val_losses, log=None):
+    """train.evaluate returns these val losses in turn (train loss 1.0), noting what was on disk."""
+    vals = iter(val_losses)
+
+    def fake(model, ds_dir, cfg, rt):
+        if log is not None:
+            ckpt = Path(cfg.out_dir) / "ckpt.pt"
+            log.append(load_checkpoint(ckpt)["step"] if ckpt.is_file() else None)
+        return {"val_loss": next(vals), "train_loss": 1.0}
+
+    monkeypatch.setattr(train, "evaluate", fake)
+
+
+def test_best_pt_keeps_the_lowest_val_while_ckpt_pt_is_the_latest(tmp_path, data_root, monkeypatch):
+    scripted_evals(monkeypatch, [4.0, 3.0, 2.0, 2.5, 2.7])  # steps 0, 5, 10, 15, 20: overfits after 10
+    result = train.train(tiny(tmp_path, data_root, "--eval-interval", "5"))
+    assert load_checkpoint(tmp_path)["step"] == 20 and result["best_val"] == 2.0
+    best = load_checkpoint(tmp_path, best=True)
+    assert best["step"] == 10 and best["best_val"] == 2.0
+    from checkpoint import find_checkpoint
+    assert find_checkpoint(tmp_path, best=True).name == "best.pt"  # what sample.py and --init-from read
+
+
+def test_a_non_finite_val_loss_stops_before_saving(tmp_path, data_root, monkeypatch):
+    scripted_evals(monkeypatch, [4.0, 3.0, float("nan")])
+    with pytest.raises(train.TrainingDiverged, match=r"val loss became nan at step 10.*last good checkpoint.*step 5"):
+        train.train(tiny(tmp_path, data_root, "--eval-interval", "5"))
+    assert load_checkpoint(tmp_path)["step"] == 5 and load_checkpoint(tmp_path, best=True)["step"] == 5
+
+
+def test_sigterm_saves_before_it_evaluates(tmp_path, data_root, monkeypatch):
+    on_disk = []
+    scripted_evals(monkeypatch, [4.0, 3.0], log=on_disk)
+    forward, calls = GPT.forward, []
+
+    def preempted(self, idx, targets=None, **kw):
+        calls.append(self.training)
+        if self.training and calls.count(True) == 7:
+            os.kill(os.getpid(), signal.SIGTERM)  # the cluster preempts during step 7
+        return forward(self, idx, targets, **kw)
+
+    monkeypatch.setattr(GPT, "forward", preempted)
+    result = train.train(tiny(tmp_path, data_root, "--eval-interval", "100"))
+    assert result["stopped"] == "SIGTERM" and result["step"] == 7
+    assert on_disk == [None, 7]  # the eval after the signal found step 7 already saved
+
+
+def test_changed_lr_takes_effect_on_resume(tmp_path, data_root):
+    train.train(tiny(tmp_path, data_root, "--max-iters", "10"))
+    with pytest.raises(train.TrainingDiverged, match="loss became"):  # lr 1e3 diverges within steps
+        train.train(tiny(tmp_path, data_root, "--max-iters", "60", "--resume", "--lr", "1e3", "--min-lr", "1e3",
+                         "--grad-clip", "0"))
+
+
+def test_second_ctrl_c_quits_in_one_line(tmp_path, data_root, monkeypatch, capsys):
+    forward, calls = GPT.forward, []
+
+    def pressed_twice(self, idx, targets=None, **kw):
+        calls.append(self.training)
+        if self.training and calls.count(True) == 13:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return forward(self, idx, targets, **kw)
+
+    monkeypatch.setattr(GPT, "forward", pressed_twice)
+    argv = ["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--out-dir", str(tmp_path),
+            "--data-root", str(data_root), "--eval-interval", "5"]
+    assert train.main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"quit at step 12 without saving; kept {tmp_path / 'ckpt.pt'} (step 10)"
+    assert load_checkpoint(tmp_path)["step"] == 10
+
+
+def test_runlog_wandb_exit_code_best_summary_and_no_relogged_steps(tmp_path, monkeypatch):
+    import runlog
+
+    class FakeRun:
+        id, settings = "abc", type("S", (), {"mode": "online"})()
+
+        def __init__(self):
+            self.logged, self.metrics, self.finished = [], {}, None
+
+        def define_metric(self, name, summary):
+            self.metrics[name] = summary
+
+        def log(self, values, step):
+            self.logged.append(step)
+
+        def finish(self, exit_code=0):
+            self.finished = exit_code
+
+    fake = FakeRun()
+    monkeypatch.setitem(sys.modules, "wandb", type("W", (), {"init": staticmethod(lambda **kw: fake)}))
+    monkeypatch.setenv("WANDB_MODE", "online")
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (10, 20, 30)))
+    log = runlog.RunLog(tmp_path, started=0.0, resume_step=20)  # crashed after step 30, saved at 20
+    log.start_wandb("p", "n", {}, "abc")
+    for step in (21, 30, 31):
+        log.log({"step": step, "loss": 1.0})
+    log.close(exit_code=1)
+    assert fake.metrics == {"val_loss": "min"} and fake.logged == [31] and fake.finished == 1
+    assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [10, 20, 21, 30, 31]
