@@ -33,10 +33,11 @@ import torch
 
 from checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint, write_json
 from configs import TrainConfig, available_configs, help_text, load_config, model_fields
+from data.loader import GlobalBatchLoader
 from errors import UserError, entry_point
 from optim import configure_optimizer, lr_multiplier, set_lr
 from runlog import RunLog
-from runtime import GlobalBatchLoader, Runtime, StopSignal, setup
+from runtime import Runtime, StopSignal, setup
 
 # The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
 ARCH_FIELDS = tuple(k for k in model_fields() if k not in ("dropout", "block_size"))
@@ -149,14 +150,14 @@ def sample_text(model: torch.nn.Module, tok: Any, n_tokens: int, rt: Runtime, se
     return tok.decode(ids)
 
 
-def forward_backward(train_model: torch.nn.Module, loader: GlobalBatchLoader, rt: Runtime,
-                     grad_accum: int) -> torch.Tensor:
-    """Accumulate gradients over grad_accum micro-batches; returns this rank's mean loss (a tensor).
+def forward_backward(train_model: torch.nn.Module, loader: GlobalBatchLoader, rt: Runtime) -> torch.Tensor:
+    """Accumulate gradients over this rank's micro-batches of the next step; returns its mean loss (a tensor).
 
     Under DDP only the last micro-step all-reduces the gradients (no_sync on the others)."""
     loss_sum = torch.zeros((), device=rt.device)
-    for micro in range(grad_accum):
-        x, y = loader.next_batch()
+    batches = loader.next_step()
+    grad_accum = len(batches)
+    for micro, (x, y) in enumerate(batches):
         sync = train_model.no_sync() if rt.ddp and micro < grad_accum - 1 else contextlib.nullcontext()
         with sync:
             with rt.autocast():
@@ -217,7 +218,8 @@ def _train(cfg: TrainConfig, rt: Runtime, stop: StopSignal, t_start: float) -> d
         raise UserError(f"--tokens-per-step {tokens_per_step} is not a multiple of batch_size x block_size x "
                         f"processes = {micro_tokens}; pick a multiple (or 0 for one micro-batch per step)")
     grad_accum = tokens_per_step // micro_tokens
-    loader = GlobalBatchLoader(ds_dir / "train.bin", cfg, rt)
+    loader = GlobalBatchLoader(ds_dir / "train.bin", cfg.block_size, tokens_per_step // cfg.block_size, grad_accum,
+                               rt.rank, rt.world_size, rt.device, cfg.seed, cfg.sampling)
     step, best_val, wandb_id = 0, math.inf, None
     if ckpt is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -308,7 +310,7 @@ def _train(cfg: TrainConfig, rt: Runtime, stop: StopSignal, t_start: float) -> d
             multiplier = lr_multiplier(step, progress, cfg)
             set_lr(optimizer, multiplier)
             lr = cfg.lr * multiplier
-            loss_sum = forward_backward(train_model, loader, rt, grad_accum)
+            loss_sum = forward_backward(train_model, loader, rt)
             # Stop after this step if the next one plus the final eval+save would overrun max_time.
             step_time = time.perf_counter() - t0
             reserve = 1.2 * final_cost(step_time) + step_time
