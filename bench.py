@@ -15,7 +15,8 @@ Past block_size both slide: the cache re-prefills the last block_size // 2 token
 recompute reruns the last block_size every step.
 
 `train` times optimizer steps (forward, backward, clip, step; the config's shape, batch and
-grad accumulation) on 64 batches of the config's dataset drawn up front (loading is not timed).
+grad accumulation) on up to 64 micro-batches (whole steps, at least one) of the config's dataset
+drawn up front (loading is not timed).
 ours: train.py's forward_backward + optimizer_step on model.GPT, runtime.setup's device and
 autocast, optim.configure_optimizer (fused AdamW; Muon). plain: PlainGPT below, nanoGPT-style
 GPT-2 from the same initial weights, default torch.optim.AdamW. both: --block steps of each in
@@ -239,8 +240,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 def bench_train(args: argparse.Namespace) -> None:
     from configs import load_config
+    from data.loader import GlobalBatchLoader
     from optim import configure_optimizer
-    from runtime import GlobalBatchLoader, setup
+    from runtime import setup
     from train import forward_backward, optimizer_step
     from trainrun import build_model, dataset_dir
 
@@ -263,18 +265,19 @@ def bench_train(args: argparse.Namespace) -> None:
     if tokens_per_step % micro:
         raise UserError(f"--tokens-per-step {tokens_per_step} is not a multiple of batch_size x block_size = {micro}")
     accum = tokens_per_step // micro
-    loader = GlobalBatchLoader(ds_dir / "train.bin", cfg, rt)
-    pool = [loader.next_batch() for _ in range(min(64, accum * (args.warmup + args.iters)))]  # not timed
+    loader = GlobalBatchLoader(ds_dir / "train.bin", cfg.block_size, tokens_per_step // cfg.block_size, accum,
+                               device=rt.device, seed=cfg.seed, sampling=cfg.sampling)
+    pool = [loader.next_step() for _ in range(max(1, min(64 // accum, args.warmup + args.iters)))]  # not timed
 
     runs: dict[str, dict[str, Any]] = {}
     if "ours" in impls:
         model = ours.to(rt.device)
         opt = configure_optimizer(model, cfg, rt.device_type)
         fwd = torch.compile(model) if cfg.compile else model
-        data = SimpleNamespace(next_batch=itertools.cycle(pool).__next__)  # what forward_backward reads
+        data = SimpleNamespace(next_step=itertools.cycle(pool).__next__)  # what forward_backward reads
 
         def step_ours() -> torch.Tensor:
-            loss = forward_backward(fwd, data, rt, accum)  # train.py's own step functions
+            loss = forward_backward(fwd, data, rt)  # train.py's own step functions
             optimizer_step(model, opt, rt, cfg.grad_clip)
             return loss
 
@@ -291,8 +294,7 @@ def bench_train(args: argparse.Namespace) -> None:
 
         def step_plain() -> torch.Tensor:
             total = torch.zeros((), device=rt.device)
-            for _ in range(accum):
-                x, y = next(p_data)
+            for x, y in next(p_data):
                 with rt.autocast():
                     _, loss = p_fwd(x, y)
                 scaler.scale(loss / accum).backward()
@@ -346,7 +348,7 @@ def bench_train(args: argparse.Namespace) -> None:
             "ms_min": round(1000 * min(r["times"]), 3), "tokens_per_s": round(tok_s, 1),
             "mfu": round(flops_per_token * tok_s / rt.peak_flops, 4) if rt.peak_flops else None,
             r["mem_key"]: round(r["mem"], 1), "first_loss": round(r["first_loss"], 4),
-            "data": f"{len(pool)} pre-drawn {cfg.dataset} train batches, cycled",
+            "data": f"{len(pool)} pre-drawn {cfg.dataset} train steps of {accum} micro-batches, cycled",
         })
     if len(impls) == 2:
         _emit({"bench": "train", "ours_over_plain": round(runs["ours"]["tok_s"] / runs["plain"]["tok_s"], 3),

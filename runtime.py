@@ -1,5 +1,5 @@
-"""Where a run executes: device, precision, seeds and DDP (setup); how ranks share the data
-(GlobalBatchLoader); how it is asked to stop (StopSignal).
+"""Where a run executes: device, precision, seeds and DDP (setup); how it is asked to stop
+(StopSignal).
 
     rt = setup(cfg)                     # or setup(device="auto", dtype="auto") from sample.py
     with rt.autocast():
@@ -24,13 +24,11 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from data.loader import BatchLoader, to_device
 from errors import UserError
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched by substring of
@@ -172,34 +170,6 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
         seed_everything(seed + rank)
     peak = peak_flops(torch.cuda.get_device_name(dev)) if device_type == "cuda" else None
     return Runtime(dev, device_type, amp_dtype, scaler, rank, local_rank, world_size, peak)
-
-
-class GlobalBatchLoader:
-    """Every rank draws the same global micro-batch (one shared seed) and keeps rows rank::world.
-
-    Reading world_size x the rows costs next to nothing against the model, and buys: the data
-    order does not depend on the number of processes (a 2-GPU run sees the batches a 1-GPU run
-    with the same global batch sees), and rank 0's loader state is every rank's state, so a
-    checkpoint saved by rank 0 resumes exactly on any process count.
-    """
-
-    def __init__(self, path: Path, cfg: Any, rt: Runtime) -> None:
-        self.rt = rt
-        self.loader = BatchLoader(path, cfg.block_size, cfg.batch_size * rt.world_size, device="cpu",
-                                  seed=cfg.seed, rank=0, world_size=1, sampling=cfg.sampling)
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.loader.next_batch()  # on the CPU: keep only this rank's rows before the copy
-        rank, world = self.rt.rank, self.rt.world_size
-        if world > 1:
-            x, y = x[rank::world].contiguous(), y[rank::world].contiguous()
-        return to_device(x, y, self.rt.device)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)
 
 
 class StopSignal:

@@ -33,9 +33,10 @@ from tqdm import tqdm
 from budget import TimeBudget
 from checkpoint import BEST_NAME, CKPT_NAME, keep_best
 from configs import TrainConfig, available_configs, help_text, load_config
+from data.loader import GlobalBatchLoader
 from errors import UserError, entry_point
 from optim import lr_multiplier, set_lr
-from runtime import GlobalBatchLoader, Runtime, StopSignal, setup
+from runtime import Runtime, StopSignal, setup
 from trainrun import Run, evaluate, sample_text, save, start_run
 
 
@@ -43,14 +44,14 @@ class TrainingDiverged(UserError):
     """The loss became nan/inf; carries the user-facing advice."""
 
 
-def forward_backward(train_model: torch.nn.Module, loader: GlobalBatchLoader, rt: Runtime,
-                     grad_accum: int) -> torch.Tensor:
-    """Accumulate gradients over grad_accum micro-batches; returns this rank's mean loss (a tensor).
+def forward_backward(train_model: torch.nn.Module, loader: GlobalBatchLoader, rt: Runtime) -> torch.Tensor:
+    """Accumulate gradients over this rank's micro-batches of the next step; returns its mean loss (a tensor).
 
     Under DDP only the last micro-step all-reduces the gradients (no_sync on the others)."""
     loss_sum = torch.zeros((), device=rt.device)
-    for micro in range(grad_accum):
-        x, y = loader.next_batch()
+    batches = loader.next_step()
+    grad_accum = len(batches)
+    for micro, (x, y) in enumerate(batches):
         sync = train_model.no_sync() if rt.ddp and micro < grad_accum - 1 else contextlib.nullcontext()
         with sync:
             with rt.autocast():
@@ -178,7 +179,7 @@ def loop(run: Run, stop: StopSignal, t_start: float) -> str:
             t0 = time.perf_counter()
             multiplier = lr_multiplier(st.step, schedule_progress(st.step, cfg, budget), cfg)
             set_lr(run.optimizer, multiplier)
-            loss = forward_backward(run.train_model, run.loader, rt, run.grad_accum)
+            loss = forward_backward(run.train_model, run.loader, rt)
             late = budget is not None and budget.out_of_time()
             loss, signalled, late = agree(rt, loss, stop.name is not None, late)
             if not math.isfinite(loss):

@@ -18,7 +18,8 @@ from configs import TrainConfig, model_fields
 from errors import UserError
 from optim import configure_optimizer
 from runlog import RunLog
-from runtime import GlobalBatchLoader, Runtime
+from data.loader import GlobalBatchLoader
+from runtime import Runtime
 
 # The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
 ARCH_FIELDS = tuple(k for k in model_fields() if k not in ("dropout", "block_size"))
@@ -201,7 +202,9 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     if tokens_per_step % micro_tokens:
         raise UserError(f"--tokens-per-step {tokens_per_step} is not a multiple of batch_size x block_size x "
                         f"processes = {micro_tokens}; pick a multiple (or 0 for one micro-batch per step)")
-    loader = GlobalBatchLoader(ds_dir / "train.bin", cfg, rt)
+    grad_accum = tokens_per_step // micro_tokens
+    loader = GlobalBatchLoader(ds_dir / "train.bin", cfg.block_size, tokens_per_step // cfg.block_size, grad_accum,
+                               rt.rank, rt.world_size, rt.device, cfg.seed, cfg.sampling)
     state = RunState()
     if ckpt is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -216,7 +219,7 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
         train_model = DDP(train_model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
     log = RunLog(run_dir, t_start, resume_step=state.step if ckpt is not None else None) if master else None
     run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, run_dir,
-              tokens_per_step // micro_tokens, log, state)
+              grad_accum, log, state)
     if master:
         announce(run, resumed=ckpt is not None)
     if ckpt is not None:  # last, so nothing above (model init, compile) shifts the streams

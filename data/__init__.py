@@ -1,6 +1,6 @@
 """Data: tokenizers, token files, batch loaders and `python -m data.prepare`.
 
-    from data import get_tokenizer, tokenizer_from_manifest, read_tokens, write_tokens, BatchLoader
+    from data import get_tokenizer, tokenizer_from_manifest, read_tokens, write_tokens, GlobalBatchLoader
     from data.prepare import prepare, PRESETS, DEFAULT_ROOT
 
 The loader (which needs torch, ~2 s to import) is loaded on first use, so that
@@ -14,13 +14,13 @@ from .tokenfile import read_header, read_tokens, write_tokens
 from .tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer, get_tokenizer, tokenizer_from_manifest
 
 __all__ = [
-    "BatchLoader", "CharTokenizer", "GPT2Tokenizer", "Tokenizer", "eval_batches", "get_tokenizer",
-    "read_header", "read_tokens", "tokenizer_from_manifest", "write_tokens",
+    "BatchLoader", "CharTokenizer", "GPT2Tokenizer", "GlobalBatchLoader", "Tokenizer", "eval_batches",
+    "get_tokenizer", "read_header", "read_tokens", "tokenizer_from_manifest", "write_tokens",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("BatchLoader", "eval_batches"):
+    if name in ("BatchLoader", "GlobalBatchLoader", "eval_batches"):
         from . import loader
 
         return getattr(loader, name)

@@ -3,19 +3,21 @@
 Each window is block_size + 1 consecutive tokens w; x = w[:-1], y = w[1:]. Windows are gathered
 with one numpy fancy index into a sliding-window view of the memmap (no Python loop per row).
 
-Sampling (``BatchLoader``):
-  "random"  each batch draws batch_size start positions uniformly from [0, n - block_size)
-            (overlapping windows, with replacement, as nanoGPT does).
+Training draws the windows of each optimizer step at once (``BatchLoader``, batch_size of them):
+  "random"  batch_size start positions uniform in [0, n - block_size) (overlapping windows,
+            with replacement, as nanoGPT does), from a generator seeded by (seed, step).
   "epoch"   the split is cut into non-overlapping windows starting at multiples of block_size;
             every epoch visits each window exactly once in a fresh random order (a permutation
-            seeded by (seed, epoch)). Rank r of world_size takes permutation entries r,
-            r + world_size, ... so ranks never share a window; each rank gets
-            n_windows // world_size windows per epoch (a few leftovers are skipped that epoch).
-            Batches run on across epoch boundaries, so nothing is dropped within an epoch.
-Randomness is a pure function of (seed, rank, step) (random) or (seed, epoch) (epoch), so the
-loader state is just the step counter: ``state_dict()``/``load_state_dict()`` resume exactly,
-and because the counter is the same on every rank, rank 0's saved state resumes all ranks.
-On CUDA the batch is copied from pinned memory with non_blocking=True.
+            seeded by (seed, epoch)). Step s takes entries s * batch_size ... of the epochs laid
+            end to end, so draws run on across epoch boundaries and no window is skipped.
+A draw is a pure function of (seed, sampling, batch_size, step), so the loader state is just the
+step counter: ``state_dict()``/``load_state_dict()`` resume exactly.
+
+``GlobalBatchLoader`` shares each step's draw out: its rows are cut into grad_accum x world_size
+equal slices, and micro-step m of process r takes slice m * world_size + r. The rows a step
+trains on therefore do not depend on how the step is split between processes and gradient
+accumulation, and the counter is the same on every process: rank 0's saved state resumes a run
+on any process count. On CUDA the batch is copied from pinned memory with non_blocking=True.
 """
 
 from __future__ import annotations
@@ -66,71 +68,45 @@ def to_device(x: torch.Tensor, y: torch.Tensor, device: str | torch.device) -> t
 
 
 class BatchLoader:
-    """Endless stream of training batches; see the module docstring for the sampling modes."""
+    """One draw of batch_size windows per step, endlessly; see the module docstring."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        block_size: int,
-        batch_size: int,
-        device: str | torch.device = "cpu",
-        seed: int = 1337,
-        rank: int = 0,
-        world_size: int = 1,
-        sampling: str = "random",
-    ) -> None:
+    def __init__(self, path: str | os.PathLike, block_size: int, batch_size: int, seed: int = 1337,
+                 sampling: str = "random") -> None:
         if sampling not in SAMPLINGS:
             raise UserError(f"unknown sampling {sampling!r}; choose one of: {', '.join(SAMPLINGS)}")
         if batch_size < 1:
             raise UserError(f"batch_size must be at least 1, got {batch_size}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.path = Path(path)
-        self.block_size, self.batch_size = block_size, batch_size
-        self.device = torch.device(device)
-        self.seed, self.rank, self.world_size, self.sampling = seed, rank, world_size, sampling
+        self.block_size, self.batch_size, self.seed, self.sampling = block_size, batch_size, seed, sampling
         self._windows, self.n_tokens = _load_windows(self.path, block_size)
+        self.n_windows = (self.n_tokens - 1) // block_size  # the non-overlapping ones ("epoch")
         self.step = 0
-        if sampling == "epoch":
-            self.n_windows = (self.n_tokens - 1) // block_size
-            self.windows_per_rank = self.n_windows // world_size
-            if self.windows_per_rank == 0:
-                raise UserError(
-                    f"the {self.path.stem} split has {self.n_windows} windows of block_size "
-                    f"{block_size}, fewer than world_size {world_size}; use more data or fewer ranks"
-                )
-            self._perm_cache: tuple[int, np.ndarray] | None = None
+        self._perm_cache: tuple[int, np.ndarray] | None = None
 
     def _perm(self, epoch: int) -> np.ndarray:
         if self._perm_cache is None or self._perm_cache[0] != epoch:
-            perm = np.random.default_rng([self.seed, epoch]).permutation(self.n_windows)
-            mine = perm[self.rank : self.windows_per_rank * self.world_size : self.world_size]
-            self._perm_cache = (epoch, mine)
+            self._perm_cache = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.n_windows))
         return self._perm_cache[1]
 
     def _starts(self, step: int) -> np.ndarray:
         if self.sampling == "random":
-            rng = np.random.default_rng([self.seed, self.rank, step])
+            # the 0 is left from when each rank drew its own rows: one-process runs keep rank 0's batches
+            rng = np.random.default_rng([self.seed, 0, step])
             return rng.integers(0, len(self._windows), size=self.batch_size)
         pos = step * self.batch_size + np.arange(self.batch_size)
-        epochs, idx = np.divmod(pos, self.windows_per_rank)
+        epochs, idx = np.divmod(pos, self.n_windows)
         window = np.empty(self.batch_size, dtype=np.int64)
         for e in np.unique(epochs):  # one or two epochs per batch unless batches exceed an epoch
             sel = epochs == e
             window[sel] = self._perm(int(e))[idx[sel]]
         return window * self.block_size
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y), each (batch_size, block_size) int64 on the loader's device."""
-        rows = self._windows[self._starts(self.step)]
+    def next_batch(self, rows: np.ndarray | slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next step's draw, or only its windows at index `rows`: (x, y), each
+        (len(rows), block_size) int64 on the CPU."""
+        windows = self._windows[self._starts(self.step)[rows]]
         self.step += 1
-        return to_device(*_split(rows), self.device)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return self
-
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.next_batch()
+        return _split(windows)
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "sampling": self.sampling, "seed": self.seed,
@@ -138,8 +114,36 @@ class BatchLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # Only the counter matters; other fields are informational so a resumed run that
-        # changes, say, batch_size still continues (just not bit-identically).
+        # changes, say, --tokens-per-step still continues (just not bit-identically).
         self.step = int(state["step"])
+
+
+class GlobalBatchLoader:
+    """This process's micro-batches of each optimizer step's draw; see the module docstring."""
+
+    def __init__(self, path: str | os.PathLike, block_size: int, rows_per_step: int, grad_accum: int = 1,
+                 rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu", seed: int = 1337,
+                 sampling: str = "random") -> None:
+        if rows_per_step % (grad_accum * world_size):
+            raise ValueError(f"{rows_per_step} rows per step do not split into {grad_accum} micro-steps "
+                             f"x {world_size} processes")
+        self.loader = BatchLoader(path, block_size, rows_per_step, seed, sampling)
+        self.micro_rows = rows_per_step // (grad_accum * world_size)
+        # (rows_per_step,) -> (grad_accum, world_size, micro_rows) -> this rank's (grad_accum * micro_rows,)
+        slices = np.arange(rows_per_step).reshape(grad_accum, world_size, self.micro_rows)
+        self.mine = slices[:, rank].reshape(-1)
+        self.device = torch.device(device)
+
+    def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """grad_accum (x, y) micro-batches, each (micro_rows, block_size) int64 on the device."""
+        x, y = to_device(*self.loader.next_batch(self.mine), self.device)  # only this rank's rows are read
+        return list(zip(x.split(self.micro_rows), y.split(self.micro_rows)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
 
 
 def eval_batches(

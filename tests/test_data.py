@@ -14,8 +14,8 @@ import torch
 
 import data.prepare as prep
 import data.sources as sources
-from data import (BatchLoader, eval_batches, get_tokenizer, read_tokens, tokenizer_from_manifest,
-                  write_tokens)
+from data import (BatchLoader, GlobalBatchLoader, eval_batches, get_tokenizer, read_tokens,
+                  tokenizer_from_manifest, write_tokens)
 from data.tokenizer import (GPT2_ENCODER_JSON_HASH, GPT2_PAT_STR, GPT2_VOCAB_BPE_HASH,
                             _bundled_gpt2_files, _tiktoken_cache_has_gpt2)
 from errors import UserError
@@ -318,25 +318,39 @@ def test_loader_resume_is_exact(token_file, sampling):
                            BatchLoader(token_file, 32, 8, seed=7, sampling=sampling).next_batch()[0])
 
 
-def test_ranks_get_different_windows(token_file):
-    r0 = BatchLoader(token_file, 16, 8, rank=0, world_size=2).next_batch()[0]
-    r1 = BatchLoader(token_file, 16, 8, rank=1, world_size=2).next_batch()[0]
-    assert not torch.equal(r0, r1)
+@pytest.mark.parametrize("sampling", ["random", "epoch"])
+def test_step_rows_do_not_depend_on_the_split(token_file, sampling):
+    # 8 rows per step as 1 process x 8 micro-steps, 2 x 4, 4 x 2, 8 x 1: micro-step m of rank r
+    # holds slice m * world + r of the step's one draw, whatever the split
+    draws = BatchLoader(token_file, 16, 8, seed=3, sampling=sampling)
+    expected = [draws.next_batch() for _ in range(3)]
+    for world in (1, 2, 4, 8):
+        ranks = [GlobalBatchLoader(token_file, 16, 8, 8 // world, r, world, seed=3, sampling=sampling)
+                 for r in range(world)]
+        for x_all, y_all in expected:
+            steps = [loader.next_step() for loader in ranks]  # [rank][micro] -> (x, y), each (1, 16)
+            assert all(x.shape == (1, 16) for step in steps for x, _ in step)
+            x = torch.cat([steps[r][m][0] for m in range(8 // world) for r in range(world)])
+            y = torch.cat([steps[r][m][1] for m in range(8 // world) for r in range(world)])
+            assert torch.equal(x, x_all) and torch.equal(y, y_all)
+    # resumed under another process count, a run continues with the next draw
+    moved = GlobalBatchLoader(token_file, 16, 8, 1, 0, 2, seed=3, sampling=sampling)
+    moved.load_state_dict(json.loads(json.dumps(ranks[0].state_dict())))
+    assert ranks[0].state_dict()["step"] == 3
+    assert torch.equal(moved.next_step()[0][0], draws.next_batch()[0][:4])
 
 
 def test_epoch_sampling_covers_each_window_once(token_file):
     data = np.asarray(read_tokens(token_file))
-    n_windows = (len(data) - 1) // 10  # 499
-    seen = []
-    for rank in (0, 1):
-        loader = BatchLoader(token_file, 10, 7, rank=rank, world_size=2, sampling="epoch")
-        per_rank = loader.windows_per_rank
-        rows = torch.cat([loader.next_batch()[0] for _ in range(per_rank // 7)])
-        seen += [_start_of(data, row) // 10 for row in rows]
-    assert len(seen) == len(set(seen)) == 2 * (n_windows // 2 // 7) * 7  # no repeats, ranks disjoint
-    loader = BatchLoader(token_file, 10, n_windows, sampling="epoch")  # one batch == one epoch
-    first = sorted(_start_of(data, row) // 10 for row in loader.next_batch()[0][:50])
-    assert len(set(first)) == 50
+    n_windows = (len(data) - 1) // 10  # 499 = 71 draws of 7, and 2 more
+    loader = BatchLoader(token_file, 10, 7, sampling="epoch")
+    rows = torch.cat([loader.next_batch()[0] for _ in range(72)])  # the last draw crosses into epoch 1
+    seen = [_start_of(data, row) // 10 for row in rows]
+    assert sorted(seen[:n_windows]) == list(range(n_windows))  # every window once, none skipped
+    assert len(set(seen[n_windows:])) == 5 and seen[:5] != seen[n_windows:]  # epoch 1: a new order
+    loader = BatchLoader(token_file, 10, n_windows + 7, sampling="epoch")  # one draw > one epoch
+    first = sorted(_start_of(data, row) // 10 for row in loader.next_batch()[0][:n_windows])
+    assert first == list(range(n_windows))
 
 
 def test_eval_batches_deterministic_and_complete(token_file):

@@ -4,6 +4,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -173,22 +174,42 @@ def test_wandb_offline_logs_into_the_run_dir(tmp_path, data_root, monkeypatch):
     assert load_checkpoint(tmp_path)["wandb_id"] in runs[0] and result["step"] == 4
 
 
-def test_ddp_two_processes_match_one(tmp_path, data_root):
-    # Same global batch: 1 process x 4 rows vs 2 processes x 2 rows (each rank keeps its rows of
-    # the shared global batch), 2 accumulation micro-steps so no_sync is exercised.
-    argv = ["--config", "tiny", "--device", "cpu", "--dtype", "float32", "--sample-tokens", "0", "--max-iters", "6",
-            "--eval-interval", "3", "--tokens-per-step", "256", "--data-root", str(data_root)]
+def test_same_result_whatever_the_split_between_processes_and_accumulation(tmp_path, data_root):
+    # 8 rows of 32 tokens per step, 2 rows per micro-batch: 1 process x 4 micro-steps, 2 x 2
+    # (gloo, no_sync on the first micro-step) and 4 x 1 train on the same rows each step.
+    argv = ["--config", "tiny", "--device", "cpu", "--dtype", "float32", "--sample-tokens", "0", "--batch-size", "2",
+            "--tokens-per-step", "256", "--eval-interval", "3", "--data-root", str(data_root)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-           *argv, "--batch-size", "2", "--out-dir", str(tmp_path / "ddp")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert train.main([*argv, "--batch-size", "4", "--out-dir", str(tmp_path / "one")]) == 0
-    ddp, one = records(tmp_path / "ddp", "loss"), records(tmp_path / "one", "loss")
-    assert sorted(ddp) == sorted(one) == list(range(1, 7))
-    assert torch.allclose(torch.tensor(list(ddp.values())), torch.tensor(list(one.values())), rtol=1e-5, atol=1e-6)
-    a, b = load_checkpoint(tmp_path / "ddp")["model"], load_checkpoint(tmp_path / "one")["model"]
-    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
+
+    def run(processes, name, *extra):
+        args = [*argv, "--out-dir", str(tmp_path / name), *extra]
+        if processes == 1:
+            assert train.main(args) == 0
+            return
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+               "train.py", *args]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def max_diff(a, b):
+        a, b = load_checkpoint(tmp_path / a)["model"], load_checkpoint(tmp_path / b)["model"]
+        return max((a[k] - b[k]).abs().max().item() for k in a)
+
+    run(1, "1x4_3", "--max-iters", "3")
+    run(1, "1x4", "--max-iters", "6")
+    run(4, "4x1", "--max-iters", "3")
+    run(2, "2x2", "--max-iters", "6")
+    shutil.copytree(tmp_path / "4x1", tmp_path / "4x1_then_1x4")
+    run(1, "4x1_then_1x4", "--max-iters", "6", "--resume")  # 4 processes for 3 steps, then 1
+    diffs = {"4x1": max_diff("4x1", "1x4_3"), "2x2": max_diff("2x2", "1x4"),
+             "4x1_then_1x4": max_diff("4x1_then_1x4", "1x4")}
+    print(f"max weight difference from 1 process x 4 micro-steps: {diffs}")
+    assert all(d < 1e-5 for d in diffs.values()) and max_diff("1x4_3", "1x4") > 1e-3  # not vacuous
+    one = records(tmp_path / "1x4", "loss")
+    assert sorted(one) == list(range(1, 7)) and load_checkpoint(tmp_path / "4x1_then_1x4")["loader"]["step"] == 6
+    for name in ("2x2", "4x1_then_1x4"):  # the resumed run continued with steps 4-6's batches
+        losses = records(tmp_path / name, "loss")
+        assert losses.keys() == one.keys() and all(abs(losses[s] - one[s]) < 1e-5 for s in one)
 
 
 def scripted_evals(monkeypatch, val_losses, log=None):
