@@ -1,16 +1,18 @@
 """Train a GPT, from one CPU to many GPUs.
 
-    python train.py --config small                 # the main job: char-level Shakespeare, ~2 min on a CPU
+    python train.py --config small                 # the main job: char-level Shakespeare, ~80 s on a 2-core CPU
     python train.py --config small --max-iters 200 --device cpu --lr 3e-4 --no-compile
     python train.py --config small --resume        # continue out/small exactly where it stopped
     python train.py --config small --max-time 60   # wall-clock budget (s), final eval+save included
-    python train.py --config runs/mine.toml        # TOML of field overrides, optionally base = "small"
+    python train.py --config runs/mine.toml        # TOML of field values, optionally base = "small"
+    python train.py --config out/small --out-dir out/again   # a finished run's settings (its config.json)
     python train.py --config finetune_gpt2 --init-from models/gpt2   # a local Hugging Face GPT-2 dir
     torchrun --standalone --nproc_per_node=8 train.py --config gpt2
-    python train.py --help                         # every option, with its default
+    python train.py --config small --help          # every option, with small's values as defaults
 
-Configs: configs/<name>.py; every field is a flag (--max-iters 200, --max_iters=200, --no-wandb).
-A run writes out/<config>/: ckpt.pt, config.json, manifest.json, metrics.jsonl and loss.png.
+Configs: configs/<name>.py; every field is a flag: --max-iters 200, --max_iters=200, --compile,
+--no-compile, --compile=false. A run writes out/<config>/: ckpt.pt, config.json, manifest.json,
+metrics.jsonl and loss.png.
 Ctrl-C (or SIGTERM) finishes the current step, evaluates, saves and exits 130 (143 for SIGTERM);
 Ctrl-C twice quits at once without saving. A nan/inf loss stops the run without saving (the last
 good checkpoint stays) and exits 2, as do bad options. Sample afterwards: python sample.py.
@@ -32,7 +34,8 @@ from typing import Any
 import torch
 
 from checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint, write_json
-from configs import TrainConfig, available_configs, help_text, load_config, model_fields
+from cli import ArgumentParser
+from configs import TrainConfig, model_fields, parse_config
 from errors import UserError, entry_point
 from optim import configure_optimizer, lr_multiplier, set_lr
 from runtime import GlobalBatchLoader, Runtime, RunLog, StopSignal, setup
@@ -65,7 +68,7 @@ def build_model(cfg: TrainConfig, vocab_size: int, ckpt: dict | None) -> tuple[t
         else:
             what = "not a run directory (no ckpt.pt) nor a Hugging Face GPT-2 directory (no config.json)"
             raise UserError(f"--init-from {path}: {what if path.exists() else 'does not exist'}; for GPT-2 run "
-                            f"`huggingface-cli download gpt2 --local-dir {path}` where there is internet")
+                            f"`hf download gpt2 --local-dir {path}` where there is internet")
     if src is not None:
         model = model_from_checkpoint(src, source, dropout=cfg.dropout)
     elif not cfg.init_from:
@@ -376,20 +379,12 @@ def _train(cfg: TrainConfig, rt: Runtime, stop: StopSignal, t_start: float) -> d
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        print(__doc__ + f"\nConfigs: {', '.join(available_configs())}\nOptions:\n{help_text()}")
-        return 0
-    name, rest = "small", []
-    while argv:  # --config NAME may sit anywhere; the rest are field overrides
-        arg = argv.pop(0)
-        if arg == "--config" and argv:
-            name = argv.pop(0)
-        elif arg.startswith("--config="):
-            name = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    result = train(load_config(name, rest))
+    parser = ArgumentParser(prog="train.py", description=__doc__,
+                            usage="python train.py [--config NAME|FILE|RUN_DIR] [--FIELD VALUE ...]")
+    # Script-level flags that are not TrainConfig fields: one add_argument each, read from args
+    # (e.g. parser.add_argument("--plan", action=Flag, help=...) -> args.plan).
+    cfg, args = parse_config(parser, argv)
+    result = train(cfg)
     return {"SIGINT": 130, "SIGTERM": 143}.get(result["stopped"], 0)
 
 
