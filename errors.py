@@ -16,7 +16,8 @@ class UserError(Exception):
 
 
 def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
-    """Decorate a script's main(): a UserError prints `error: <message>` to stderr and returns 2."""
+    """Decorate a script's main(): a UserError prints `error: <message>` to stderr and returns 2;
+    --help returns 0."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs) -> int:
@@ -25,5 +26,9 @@ def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        except SystemExit as e:  # --help exits 0 from inside main(); main(argv) returns it instead
+            if e.code not in (0, None):
+                raise
+            return 0
 
     return wrapper

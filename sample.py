@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from cli import ArgumentParser, argument, integer, number
+from configs import Device, Dtype
 from errors import UserError, entry_point
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -291,33 +293,33 @@ def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
     return out
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one `error:` line and exit 2, like every other bad input
-        raise UserError(f"{message} (see --help)")
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="sample.py", description=__doc__)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--ckpt", "--out-dir", dest="ckpt", help="run dir or ckpt.pt file (default out/small)")
-    src.add_argument("--config", help="use the run dir of this training config, e.g. small")
-    src.add_argument("--init-from", help="a local Hugging Face GPT-2 directory (save_pretrained output)")
-    p.add_argument("--prompt", action="append", help="prompt text (repeatable); - reads stdin")
-    p.add_argument("--prompt-file", help="a file with one prompt per line")
-    p.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=500)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None, help="same seed, same text (default: random)")
-    p.add_argument("--stop", action="append", default=[], help="end a sample after this text (repeatable)")
-    p.add_argument("--batch-size", type=int, default=32, help="most rows decoded at once")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
-    p.add_argument("--threads", type=int, default=0,
+    src.add_argument("--ckpt", "--out-dir", dest="ckpt", metavar="DIR|FILE",
+                     help="run dir or ckpt.pt file (default: out/small)")
+    src.add_argument("--config", metavar="NAME", help="the run dir of this training config (small: out/small)")
+    src.add_argument("--init-from", metavar="DIR", help="a local Hugging Face GPT-2 directory (save_pretrained output)")
+    p.add_argument("--prompt", action="append", metavar="TEXT", help="prompt text (repeatable); - reads stdin")
+    p.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line")
+    p.add_argument("--num-samples", type=integer, default=1, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=integer, default=500, help="tokens to generate per sample")
+    p.add_argument("--temperature", type=number, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=integer, help="keep only the k most likely tokens (default: all)")
+    p.add_argument("--top-p", type=number, help="keep the smallest set of tokens with this much probability "
+                                                "(default: all)")
+    p.add_argument("--seed", type=integer, help="same seed, same text (default: random)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="end a sample after this text (repeatable)")
+    p.add_argument("--batch-size", type=integer, default=32, help="most rows decoded at once")
+    p.add_argument("--device", default="auto", **argument(Device), help="auto: cuda > mps > cpu")
+    p.add_argument("--dtype", default="auto", **argument(Dtype), help="auto: bfloat16 (or float16) on GPUs, "
+                                                                    "float32 on CPU and MPS")
+    p.add_argument("--threads", type=integer, default=0,
                    help="CPU threads; 0 = 1 for small models (n_embd <= 256), else torch's default")
     p.add_argument("--show-attention", metavar="PNG", help="save the prompt's attention maps here")
-    p.add_argument("--layer", type=int, default=0, help="layer for --show-attention (negative counts from the end)")
+    p.add_argument("--layer", type=integer, default=0,
+                   help="layer for --show-attention (negative counts from the end)")
     return p.parse_args(argv)
 
 

@@ -1,15 +1,17 @@
 """Train a GPT, from one CPU to many GPUs.
 
-    python train.py --config small                 # the main job: char-level Shakespeare, ~2 min on a CPU
+    python train.py --config small                 # the main job: char-level Shakespeare, ~80 s on a 2-core CPU
     python train.py --config small --max-iters 200 --device cpu --lr 3e-4 --no-compile
     python train.py --config small --resume        # continue out/small exactly where it stopped
     python train.py --config small --max-time 60   # wall-clock budget (s), final eval+save included
-    python train.py --config runs/mine.toml        # TOML of field overrides, optionally base = "small"
+    python train.py --config runs/mine.toml        # TOML of field values, optionally base = "small"
+    python train.py --config out/small --out-dir out/again   # a finished run's settings (its config.json)
     python train.py --config finetune_gpt2 --init-from models/gpt2   # a local Hugging Face GPT-2 dir
     torchrun --standalone --nproc_per_node=8 train.py --config gpt2
-    python train.py --help                         # every option, with its default
+    python train.py --config small --help          # every option, with small's values as defaults
 
-Configs: configs/<name>.py; every field is a flag (--max-iters 200, --max_iters=200, --no-wandb).
+Configs: configs/<name>.py; every field is a flag: --max-iters 200, --max_iters=200, --compile,
+--no-compile, --compile=false.
 A run writes out/<config>/: ckpt.pt (the latest, for --resume), best.pt (the lowest val loss so
 far), config.json, manifest.json, metrics.jsonl and loss.png.
 Ctrl-C (or SIGTERM) finishes the current step, saves, evaluates and exits 130 (143 for SIGTERM);
@@ -32,7 +34,8 @@ from tqdm import tqdm
 
 from budget import TimeBudget
 from checkpoint import BEST_NAME, CKPT_NAME, keep_best
-from configs import TrainConfig, available_configs, help_text, load_config
+from cli import ArgumentParser
+from configs import TrainConfig, parse_config
 from data.loader import GlobalBatchLoader
 from errors import UserError, entry_point
 from optim import lr_multiplier, set_lr
@@ -235,21 +238,13 @@ def finish(run: Run, stopped: str, t_start: float) -> dict[str, Any]:
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        print(__doc__ + f"\nConfigs: {', '.join(available_configs())}\nOptions:\n{help_text()}")
-        return 0
-    name, rest = "small", []
-    while argv:  # --config NAME may sit anywhere; the rest are field overrides
-        arg = argv.pop(0)
-        if arg == "--config" and argv:
-            name = argv.pop(0)
-        elif arg.startswith("--config="):
-            name = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
+    parser = ArgumentParser(prog="train.py", description=__doc__,
+                            usage="python train.py [--config NAME|FILE|RUN_DIR] [--FIELD VALUE ...]")
+    # Script-level flags that are not TrainConfig fields: one add_argument each, read from args
+    # (e.g. parser.add_argument("--plan", action=Flag, help=...) -> args.plan).
+    cfg, args = parse_config(parser, argv)
     try:
-        result = train(load_config(name, rest))
+        result = train(cfg)
     except KeyboardInterrupt:  # a second Ctrl-C before training started
         print("\nquit before training started; nothing was saved", file=sys.stderr)
         return EXIT_CODES["quit"]

@@ -46,7 +46,7 @@ def build_model(cfg: TrainConfig, vocab_size: int, ckpt: dict | None) -> tuple[t
         else:
             what = "not a run directory (no ckpt.pt) nor a Hugging Face GPT-2 directory (no config.json)"
             raise UserError(f"--init-from {path}: {what if path.exists() else 'does not exist'}; for GPT-2 run "
-                            f"`huggingface-cli download gpt2 --local-dir {path}` where there is internet")
+                            f"`hf download gpt2 --local-dir {path}` where there is internet")
     if src is not None:
         model = model_from_checkpoint(src, source, dropout=cfg.dropout)
     elif not cfg.init_from:

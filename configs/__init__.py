@@ -1,90 +1,108 @@
-"""Training configs: one typed dataclass, named presets, TOML files and command-line overrides.
+"""Training configs: one typed dataclass whose fields are train.py's flags, and the configs to
+start from: named presets, TOML files and finished runs.
 
     cfg = load_config("small")                                  # configs/small.py: CONFIG
-    cfg = load_config("runs/my.toml")                           # overrides, optionally base = "small"
+    cfg = load_config("runs/my.toml")                           # field values, optionally base = "small"
+    cfg = load_config("out/small")                              # that run's config.json, as it ran
     cfg = load_config("small", ["--max-iters", "200", "--no-compile", "--lr=3e-4"])
+    cfg, args = parse_config(parser, argv)                      # train.py: the above + its own flags
 
 A named config is a module `configs/<name>.py` that defines `CONFIG = replace(BASE, ...)`
 (or `replace(<other config>.CONFIG, ...)`): plain typed Python, so a typo in a field name
 fails at import instead of being silently ignored. The fields are flat (model shape next
-to optimiser settings) so every one of them is a single `--flag` on the command line.
-"Off" is spelled 0 or "" rather than None (max_time=0: no limit) to keep parsing trivial.
+to optimiser settings) so every one of them is a single `--flag` on the command line, with
+its --help line stored on the field itself. "Off" is spelled 0 or "" rather than None
+(max_time=0: no limit) so that every flag takes one plain value.
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib
+import json
 import pkgutil
+import sys
 import textwrap
-from dataclasses import asdict, dataclass, fields, replace
+from argparse import ArgumentTypeError, Namespace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
+from cli import ArgumentParser, argument, closest, converter
 from errors import UserError
 
 if TYPE_CHECKING:
     from model.config import GPTConfig
 
 
+def _field(default: Any, help: str, section: str = "") -> Any:
+    """A TrainConfig field with its --help line; `section` starts a new group in --help."""
+    return field(default=default, metadata={"help": help, "section": section})
+
+
+Device = Literal["auto", "cpu", "cuda", "mps"]
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    name: str = "custom"  # the config's name; the run directory defaults to out/<name>
-    # data
-    dataset: str = "shakespeare_char"  # a data.prepare preset, prepared on first use
-    data_root: str = "data/prepared"  # where prepared datasets live
-    sampling: Literal["random", "epoch"] = "random"  # how the train loader picks windows
-    # model (see model/config.py); vocab_size 0 = the tokenizer's
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 64
-    vocab_size: int = 0  # 0 = the tokenizer's; larger pads the embedding (e.g. 50304)
-    dropout: float = 0.0  # only while training; > 0 helps small data, not big corpora
-    bias: bool = True
-    pos_emb: Literal["learned", "rope"] = "learned"
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    activation: Literal["gelu", "relu2"] = "gelu"
-    qk_norm: bool = False
-    tie_weights: bool = True
-    attention: Literal["sdpa", "explicit"] = "sdpa"  # same numbers; which kernel is faster depends on the device
-    # optimisation: batch_size is per process; tokens_per_step is the global batch of one
-    # optimizer step, reached by gradient accumulation (0 = one micro-batch per process)
-    batch_size: int = 12  # sequences per micro-batch per process
-    tokens_per_step: int = 0  # global tokens per optimizer step; 0 = one micro-batch per process
-    lr: float = 1e-3  # peak learning rate, reached after warmup_iters
-    min_lr: float = 1e-4
-    warmup_iters: int = 100
-    lr_schedule: Literal["cosine", "wsd", "constant"] = "cosine"
-    lr_decay_iters: int = 0  # where the schedule reaches min_lr; 0 = max_iters
-    decay_frac: float = 0.2  # wsd: the final fraction of lr_decay_iters spent decaying
-    weight_decay: float = 0.1
-    optimizer: Literal["adamw", "muon"] = "adamw"  # muon: Muon for block matrices, AdamW for the rest
-    muon_lr: float = 0.02
-    muon_momentum: float = 0.95
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0  # 0 = off
-    # run length, evaluation and logging
-    max_iters: int = 2000
-    max_time: float = 0.0  # wall-clock budget in seconds incl. the final eval+save; 0 = none
-    eval_interval: int = 250  # steps between eval + checkpoint
-    eval_iters: int = 20  # batches per eval; 0 = the whole val split
-    eval_batch_size: int = 0  # 0 = batch_size; eval has no backward pass, so it can be larger
-    log_interval: int = 10  # steps between metrics.jsonl lines
-    sample_tokens: int = 200  # length of the samples printed at the end / sent to wandb; 0 = none
-    # system
-    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"  # auto: cuda > mps > cpu
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # autocast; auto: bf16 on GPU, fp32 on CPU
-    compile: bool = False
-    threads: int = 0  # CPU threads for torch; 0 = torch's default (all cores)  # torch.compile the model (slow start, faster steps on GPU)
-    seed: int = 1337
-    out_dir: str = ""  # "" = out/<name>
-    resume: bool = False  # continue from out_dir/ckpt.pt
-    init_from: str = ""  # a run dir of ours or a local HF GPT-2 dir; ignored by --resume
-    wandb: bool = False  # log to Weights & Biases (offline without an API key)
-    wandb_project: str = "gpt"
-    wandb_run_name: str = ""  # "" = the config name
+    name: str = _field("custom", "the config's name; the run directory defaults to out/<name>", "config")
+    dataset: str = _field("shakespeare_char", "a data.prepare preset (prepared on first use) or a dataset "
+                          "prepared into data_root", "data")
+    data_root: str = _field("data/prepared", "where prepared datasets live")
+    sampling: Literal["random", "epoch"] = _field("random", "train windows: random start positions (nanoGPT), "
+                                                  "or each non-overlapping window once per epoch")
+    n_layer: int = _field(4, "transformer blocks", "model (see model/config.py)")
+    n_head: int = _field(4, "attention heads per block; must divide n_embd")
+    n_embd: int = _field(128, "width of the residual stream")
+    block_size: int = _field(64, "context length in tokens")
+    vocab_size: int = _field(0, "0 = the tokenizer's; larger pads the embedding (e.g. 50304)")
+    dropout: float = _field(0.0, "only while training; > 0 helps small data, not big corpora")
+    bias: bool = _field(True, "biases in Linear layers and norms, as GPT-2 has")
+    pos_emb: Literal["learned", "rope"] = _field("learned", "learned absolute positions (GPT-2) or rotary")
+    norm: Literal["layernorm", "rmsnorm"] = _field("layernorm", "LayerNorm (GPT-2) or RMSNorm")
+    activation: Literal["gelu", "relu2"] = _field("gelu", "GPT-2's tanh GELU, or relu(x)^2")
+    qk_norm: bool = _field(False, "normalise queries and keys per head before their dot product")
+    tie_weights: bool = _field(True, "lm_head shares its weight with the token embedding")
+    attention: Literal["sdpa", "explicit"] = _field("sdpa", "F.scaled_dot_product_attention or the spelled-out "
+                                                    "softmax(QK^T)V: same numbers, speed depends on the device")
+    batch_size: int = _field(12, "sequences per micro-batch per process", "optimization")
+    tokens_per_step: int = _field(0, "global tokens per optimizer step, reached by gradient accumulation; "
+                                  "0 = one micro-batch per process")
+    lr: float = _field(1e-3, "peak learning rate (AdamW), reached after warmup_iters")
+    min_lr: float = _field(1e-4, "where the schedule ends (cosine, wsd)")
+    warmup_iters: int = _field(100, "steps of linear warmup")
+    lr_schedule: Literal["cosine", "wsd", "constant"] = _field("cosine", "after warmup: half a cosine to min_lr; "
+                                                               "warmup-stable-decay; or constant")
+    lr_decay_iters: int = _field(0, "where the schedule reaches min_lr; 0 = max_iters")
+    decay_frac: float = _field(0.2, "wsd: the final fraction of the run spent decaying")
+    weight_decay: float = _field(0.1, "AdamW weight decay of matrices (not of biases and norms)")
+    optimizer: Literal["adamw", "muon"] = _field("adamw", "muon: Muon for the block matrices, AdamW for the rest")
+    muon_lr: float = _field(0.02, "Muon's peak learning rate")
+    muon_momentum: float = _field(0.95, "Muon's momentum")
+    beta1: float = _field(0.9, "AdamW beta1")
+    beta2: float = _field(0.99, "AdamW beta2")
+    grad_clip: float = _field(1.0, "clip the global gradient norm to this; 0 = off")
+    max_iters: int = _field(2000, "optimizer steps", "run length, evaluation and logging")
+    max_time: float = _field(0.0, "wall-clock budget in seconds, final eval and save included (the LR "
+                             "schedule then runs on time); 0 = none")
+    eval_interval: int = _field(250, "steps between evaluation + checkpoint")
+    eval_iters: int = _field(20, "batches per evaluation; 0 = the whole val split")
+    eval_batch_size: int = _field(0, "0 = batch_size; eval has no backward pass, so it can be larger")
+    log_interval: int = _field(10, "steps between metrics.jsonl lines and progress-bar updates")
+    sample_tokens: int = _field(200, "length of the samples printed at the end and sent to wandb; 0 = none")
+    device: Device = _field("auto", "auto: cuda > mps > cpu", "system")
+    dtype: Dtype = _field("auto", "autocast; auto: bfloat16 on GPUs that have it (else float16 with a grad "
+                          "scaler) and on CPUs with bf16 instructions, else float32")
+    compile: bool = _field(False, "torch.compile the model (slow start, faster steps on GPU)")
+    threads: int = _field(0, "CPU threads for torch; 0 = torch's default (all cores)")
+    seed: int = _field(1337, "seed of every random stream (each DDP rank adds its rank)")
+    out_dir: str = _field("", "the run directory; empty = out/<name>")
+    resume: bool = _field(False, "continue from out_dir/ckpt.pt")
+    init_from: str = _field("", "start from a run dir of ours or a local HF GPT-2 dir; ignored by --resume")
+    wandb: bool = _field(False, "log to Weights & Biases (offline without an API key)")
+    wandb_project: str = _field("gpt", "the wandb project")
+    wandb_run_name: str = _field("", "empty = the config name")
 
     def __post_init__(self) -> None:
         self.model_config(vocab_size=1)  # GPTConfig validates the model fields
@@ -143,16 +161,12 @@ def available_configs() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules([str(here)]) if not m.name.startswith("_"))
 
 
-def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}? " if close else ""
-
-
 def named_config(name: str) -> TrainConfig:
     names = available_configs()
     if name not in names:
-        raise UserError(f"unknown config {name!r}; {_suggest(name, names)}"
-                        f"choose one of {', '.join(names)} or give a path to a .toml file")
+        hint = closest(name, names)
+        raise UserError(f"unknown config {name!r}; " + (f"did you mean {hint!r}? " if hint else "")
+                        + f"choose one of {', '.join(names)}, a .toml file or a run directory")
     module = importlib.import_module(f"configs.{name}")
     cfg = getattr(module, "CONFIG", None)
     if not isinstance(cfg, TrainConfig):  # a broken preset is a bug, not a user error
@@ -160,124 +174,80 @@ def named_config(name: str) -> TrainConfig:
     return replace(cfg, name=name)
 
 
-def coerce(key: str, value: Any) -> Any:
-    """Convert a command-line string (or TOML value) to the type of field `key`."""
-    typ = _TYPES[key]
-    if get_origin(typ) is Literal:
-        choices = get_args(typ)
-        if value not in choices:
-            hint = "did you mean 'cuda'?" if value == "gpu" else _suggest(str(value), choices)
-            raise UserError(f"--{key.replace('_', '-')}: {value!r} is not one of {', '.join(choices)}; "
-                            f"{hint}".rstrip("; "))
-        return value
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        lowered = str(value).lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-        raise UserError(f"--{key.replace('_', '-')} expects true/false (or use --{key} / --no-{key}), "
-                        f"got {value!r}")
+def config_file(path: Path) -> TrainConfig:
+    """A TOML file of field values (base = "<preset>" to start from one, else from BASE), or a
+    run's config.json (written by train.py as cfg.to_dict()); a run directory means its config.json."""
+    path = path / "config.json" if path.is_dir() else path
     try:
-        if typ is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            # accept 1e6 and 2_000 for int fields, but not 2.5
-            number = float(value) if isinstance(value, str) and ("e" in value.lower() or "." in value) else value
-            if isinstance(number, float) and not number.is_integer():
-                raise ValueError
-            return int(number)
-        if typ is float:
-            return float(value)
-        return str(value)
-    except (TypeError, ValueError):
-        kind = {int: "an integer", float: "a number"}.get(typ, typ.__name__)
-        raise UserError(f"--{key.replace('_', '-')} expects {kind}, got {value!r}") from None
-
-
-def _field_name(flag: str) -> str:
-    key = flag.lstrip("-").replace("-", "_")
-    if key not in FIELDS:
-        close = difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.6)
-        hint = f"did you mean --{close[0].replace('_', '-')}? " if close else ""
-        raise UserError(f"unknown option {flag!r}; {hint}run with --help to list all {len(FIELDS)} options")
-    return key
-
-
-def parse_overrides(argv: list[str]) -> dict[str, Any]:
-    """`--key value`, `--key=value`, `--flag` / `--no-flag` for booleans; dashes or underscores."""
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("--") or arg == "--":
-            raise UserError(f"unexpected argument {arg!r}; options look like --max-iters 200")
-        flag, eq, inline = arg.partition("=")
-        raw = flag[2:].replace("-", "_")
-        if raw.startswith("no_") and raw not in FIELDS and raw[3:] in FIELDS and _TYPES[raw[3:]] is bool:
-            if eq:
-                raise UserError(f"{flag} takes no value")
-            out[raw[3:]] = False
-            i += 1
-            continue
-        key = _field_name(flag)
-        if eq:
-            value: Any = inline
-        elif _TYPES[key] is bool and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
-            value = True  # bare --compile
-        elif i + 1 < len(argv):
-            i += 1
-            value = argv[i]
+        text = path.read_text()
+        if path.suffix == ".json":
+            data = json.loads(text)
         else:
-            raise UserError(f"{flag} needs a value")
-        out[key] = coerce(key, value)
-        i += 1
-    return out
+            import tomllib  # here, not at the top: Python < 3.11 can still run the named configs
 
-
-def load_toml(path: Path) -> TrainConfig:
-    import tomllib  # here, not at the top: Python < 3.11 can still run the named configs
-
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
+            data = tomllib.loads(text)
+    except (OSError, ValueError) as e:  # JSON and TOML syntax errors are ValueErrors
         raise UserError(f"cannot read config file {path}: {e}") from None
-    base_name = data.pop("base", None)
-    base = named_config(base_name) if base_name else replace(BASE, name=path.stem)
-    unknown = [k for k in data if k not in FIELDS]
-    if unknown:
-        raise UserError(f"{path}: unknown key {unknown[0]!r}; {_suggest(unknown[0], FIELDS)}"
-                        f"valid keys are the TrainConfig fields (see --help)")
-    values = {k: coerce(k, v) for k, v in data.items()}
-    values.setdefault("name", path.stem)
-    return replace(base, **values)
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected an object of TrainConfig fields, got {type(data).__name__}")
+    base = named_config(str(data.pop("base"))) if "base" in data else BASE
+    values = {}
+    for key, value in data.items():
+        if key not in FIELDS:
+            hint = closest(key, FIELDS)
+            raise UserError(f"{path}: unknown key {key!r}; " + (f"did you mean {hint!r}? " if hint else "")
+                            + "the keys are TrainConfig's fields (train.py --help)")
+        try:
+            values[key] = converter(_TYPES[key])(value)
+        except ArgumentTypeError as e:
+            raise UserError(f"{path}: {key} {e}") from None
+    return replace(base, **{"name": path.stem} | values)
 
 
-def load_config(name_or_path: str = "small", overrides: list[str] | None = None) -> TrainConfig:
-    """Resolve a named config or a .toml file, then apply command-line overrides."""
-    if name_or_path.endswith(".toml") or "/" in name_or_path:
-        path = Path(name_or_path)
-        if not path.is_file():
-            raise UserError(f"config file {path} not found")
-        cfg = load_toml(path)
-    else:
-        cfg = named_config(name_or_path)
-    cfg = replace(cfg, **parse_overrides(list(overrides or [])))
-    return cfg if cfg.out_dir else replace(cfg, out_dir=f"out/{cfg.name}")
+def resolve_config(config: str) -> TrainConfig:
+    """--config: a preset name, a TOML file, or a run directory / its config.json."""
+    if config in available_configs():
+        return named_config(config)
+    path = Path(config)
+    if path.is_file() or (path / "config.json").is_file():
+        return config_file(path)
+    if path.is_dir():
+        raise UserError(f"{path} has no config.json; --config takes a preset, a .toml file or a run directory")
+    if "/" in config or path.suffix in (".toml", ".json"):
+        raise UserError(f"config file {path} not found")
+    return named_config(config)  # unknown: the error names the presets
 
 
-def help_text() -> str:
-    """One line per field: `--flag  type  default  # the comment from TrainConfig's source`."""
-    import inspect
-    import re
-
-    notes = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(TrainConfig), re.M))
-    lines = []
+def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig) -> None:
+    """--config (default: `config`, the one selected) and one option per TrainConfig field, in
+    --help sections, with defaults from `base`, the config it selected."""
+    group = parser.add_argument_group("config")
+    group.add_argument("--config", default=config, metavar="NAME|FILE|RUN_DIR",
+                       help=f"a preset ({', '.join(available_configs())}), a .toml file of fields "
+                            "(base = \"small\" starts from a preset), or a run directory / its config.json")
     for f in fields(TrainConfig):
-        typ = _TYPES[f.name]
-        kind = "|".join(get_args(typ)) if get_origin(typ) is Literal else typ.__name__
-        note = f"  {notes[f.name]}" if f.name in notes else ""
-        lines.append(f"  --{f.name.replace('_', '-'):<16} {kind:<20} {getattr(BASE, f.name)!r:<18}{note}".rstrip())
-    return "\n".join(lines)
+        if f.metadata["section"] not in ("", group.title):
+            group = parser.add_argument_group(f.metadata["section"])
+        group.add_argument(f"--{f.name.replace('_', '-')}", default=getattr(base, f.name),
+                           help=f.metadata["help"], **argument(_TYPES[f.name]))
+
+
+def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> tuple[TrainConfig, Namespace]:
+    """Parse `argv` as train.py does: `--config` picks the starting config (its values become the
+    defaults --help shows), every field is a flag, and `parser`'s own (script-level) flags come
+    back in the namespace beside `config`."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    first = ArgumentParser(add_help=False)
+    first.add_argument("--config", default="small")
+    config = first.parse_known_args(argv)[0].config
+    base = resolve_config(config)
+    add_config_arguments(parser, config, base)
+    args = vars(parser.parse_args(argv))
+    cfg = replace(base, **{k: args.pop(k) for k in FIELDS})
+    return (cfg if cfg.out_dir else replace(cfg, out_dir=f"out/{cfg.name}")), Namespace(**args)
+
+
+def load_config(name_or_path: str = "small", overrides: Sequence[str] | None = None) -> TrainConfig:
+    """The config `train.py --config name_or_path *overrides` would run."""
+    parser = ArgumentParser(prog="train.py")
+    return parse_config(parser, ["--config", name_or_path, *(overrides or [])])[0]

@@ -1,6 +1,6 @@
 """Fine-tune a pretrained GPT-2 (a local Hugging Face directory) on Shakespeare, BPE tokens.
 
-    # once, on a machine with internet:  huggingface-cli download gpt2 --local-dir models/gpt2
+    # once, on a machine with internet:  hf download gpt2 --local-dir models/gpt2
     python train.py --config finetune_gpt2 --init-from models/gpt2
 
 The model shape comes from the pretrained weights; a small constant learning rate for a few

@@ -30,7 +30,6 @@ Every file is written under a temporary name and renamed when complete, manifest
 
 from __future__ import annotations
 
-import argparse
 import collections
 import hashlib
 import itertools
@@ -47,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from cli import ArgumentParser, Flag, integer, number, one_of
 from errors import UserError, entry_point
 
 from .sources import Source, files_source, hub_source, text_source
@@ -357,25 +357,26 @@ def prepare(
 
 @entry_point
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n\n")[0],
-                                epilog="examples:\n" + __doc__.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n\n")[0],
+                       usage="python -m data.prepare [NAME] [--text PATH | --files FILE ... | --hf DATASET] [options]",
+                       epilog="examples:\n" + __doc__.split("\n\n")[1])
     p.add_argument("name", nargs="?", help=f"a preset ({', '.join(PRESETS)}) or the output name for a source")
     src = p.add_argument_group("sources (instead of a preset)")
-    src.add_argument("--text", help="a UTF-8 text file, or a folder of .txt files (one document each)")
-    src.add_argument("--files", nargs="+", help="local .parquet/.jsonl/.json/.csv files")
-    src.add_argument("--hf", help="a Hugging Face hub dataset name (needs network)")
+    src.add_argument("--text", metavar="PATH", help="a UTF-8 text file, or a folder of .txt files (one document each)")
+    src.add_argument("--files", nargs="+", metavar="FILE", help="local .parquet/.jsonl/.json/.csv files")
+    src.add_argument("--hf", metavar="DATASET", help="a Hugging Face hub dataset name (needs network)")
     src.add_argument("--subset", help="hub dataset configuration")
-    src.add_argument("--split", default="train", help="hub dataset split to read (default: train)")
-    src.add_argument("--text-column", default="text", help="column holding the text (default: text)")
-    src.add_argument("--streaming", action="store_true", help="stream the hub dataset (no full download)")
-    p.add_argument("--tokenizer", choices=TOKENIZERS, help="default: the preset's, else gpt2")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="share held out for val (default 0.1)")
-    p.add_argument("--out-root", default=str(DEFAULT_ROOT), help=f"default: {DEFAULT_ROOT}")
-    p.add_argument("--name", dest="out_name", help="output folder name (default: derived from the source)")
-    p.add_argument("--num-proc", type=int, default=None, help="tokenizer processes (default: cores, max 8)")
-    p.add_argument("--force", action="store_true", help="rebuild even if the outputs are up to date")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+    src.add_argument("--split", default="train", help="hub dataset split to read")
+    src.add_argument("--text-column", default="text", help="column holding the text")
+    src.add_argument("--streaming", action=Flag, help="stream the hub dataset (no full download)")
+    p.add_argument("--tokenizer", **one_of(TOKENIZERS), help="default: the preset's, else gpt2")
+    p.add_argument("--val-fraction", type=number, default=0.1, help="share held out for val")
+    p.add_argument("--out-root", default=str(DEFAULT_ROOT), help="where <name>/ is written")
+    p.add_argument("--name", dest="out_name", metavar="NAME",
+                   help="output folder name (default: derived from the source)")
+    p.add_argument("--num-proc", type=integer, help="tokenizer processes (default: cores, max 8)")
+    p.add_argument("--force", action=Flag, help="rebuild even if the outputs are up to date")
+    p.add_argument("--quiet", action=Flag, help="no progress output")
     a = p.parse_args(argv)
     if a.out_name and not (a.text or a.files or a.hf):
         p.error("--name applies to --text/--files/--hf; a preset is written to <out-root>/<preset>")

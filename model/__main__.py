@@ -1,4 +1,4 @@
-"""Print the walk of shapes through the model for a named config.
+"""Print the walk of shapes through the model for a config (a preset, a .toml file or a run directory).
 
     python -m model --config small
     python -m model --config gpt2 --seq-len 8
@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -16,14 +15,16 @@ from errors import entry_point
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m model", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="small", help="a named config or a .toml file (see configs/)")
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--seq-len", type=int, default=None, help="default: the config's block_size")
-    parser.add_argument("--blocks", type=int, default=1, help="how many blocks to show module by module")
-    args = parser.parse_args(argv)
-    from configs import load_config
+    from cli import ArgumentParser, integer
+    from configs import available_configs, load_config
 
+    parser = ArgumentParser(prog="python -m model", description=__doc__)
+    parser.add_argument("--config", default="small", metavar="NAME|FILE|RUN_DIR",
+                        help=f"a preset ({', '.join(available_configs())}), a .toml file or a run directory")
+    parser.add_argument("--batch-size", type=integer, default=1, help="rows of the dummy input")
+    parser.add_argument("--seq-len", type=integer, help="tokens per row (default: the config's block_size)")
+    parser.add_argument("--blocks", type=integer, default=1, help="how many blocks to show module by module")
+    args = parser.parse_args(argv)
     from . import GPT
     from .trace import shape_trace
 

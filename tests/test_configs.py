@@ -1,9 +1,13 @@
-"""Configs: named presets, TOML files, command-line overrides and their error messages."""
+"""Configs: named presets, TOML files, run directories, command-line overrides, train.py's --help."""
+
+from dataclasses import fields
 
 import pytest
 
 import train
-from configs import TrainConfig, available_configs, load_config, parse_overrides
+from checkpoint import write_json
+from cli import ArgumentParser, Flag
+from configs import TrainConfig, available_configs, load_config, parse_config
 from errors import UserError
 
 
@@ -21,19 +25,21 @@ def test_overrides_accept_dashes_underscores_equals_and_bool_flags():
                                 "--compile", "--device", "cpu", "--tokens-per-step", "1e4", "--qk-norm", "true"])
     assert (cfg.max_iters, cfg.max_time, cfg.lr, cfg.bias, cfg.compile, cfg.device) == (200, 30.0, 3e-4, False, True, "cpu")
     assert cfg.tokens_per_step == 10000 and cfg.qk_norm is True
-    assert parse_overrides(["--wandb"]) == {"wandb": True}
+    assert load_config("tiny", ["--wandb"]).wandb is True
+    cfg = load_config("tiny", ["--out_dir", "x", "--compile=False", "--tie_weights=0", "--bias", "no"])
+    assert (cfg.out_dir, cfg.compile, cfg.tie_weights, cfg.bias) == ("x", False, False, False)
 
 
 @pytest.mark.parametrize("argv, needle", [
     (["--max-iter", "5"], "did you mean --max-iters?"),
     (["--lerning-rate", "1"], "--help"),
-    (["--max-iters", "abc"], "--max-iters expects an integer, got 'abc'"),
+    (["--max-iters", "abc"], "--max-iters: expects an integer, got 'abc'"),
     (["--max-iters", "2.5"], "expects an integer"),
     (["--lr", "fast"], "expects a number"),
-    (["--device", "gpu"], "'gpu' is not one of auto, cpu, cuda, mps"),
+    (["--device", "gpu"], "'gpu' is not one of auto, cpu, cuda, mps; did you mean 'cuda'?"),
     (["--lr-schedule", "cosin"], "did you mean 'cosine'"),
-    (["--compile", "maybe"], "expects true/false"),
-    (["--max-iters"], "needs a value"),
+    (["--compile=maybe"], "expects true/false"),
+    (["--max-iters"], "--max-iters: expected one argument"),
     (["200"], "unexpected argument"),
     (["--n-head", "3"], "divisible by n_head"),
     (["--min-lr", "1"], "must not exceed lr"),
@@ -58,8 +64,52 @@ def test_toml_config_with_base(tmp_path):
     path.write_text('base = "tiny"\nmax_iter = 7\n')
     with pytest.raises(UserError, match="did you mean 'max_iters'"):
         load_config(str(path))
+    path.write_text('device = "gpu"\n')
+    with pytest.raises(UserError, match=r"mine.toml: device 'gpu' is not one of .*did you mean 'cuda'"):
+        load_config(str(path))
+    path.write_text('max_iters = 2.5\n')
+    with pytest.raises(UserError, match="mine.toml: max_iters expects an integer, got 2.5"):
+        load_config(str(path))
     with pytest.raises(UserError, match="not found"):
         load_config(str(tmp_path / "missing.toml"))
+
+
+def test_a_run_directory_reproduces_its_config(tmp_path):
+    cfg = load_config("tiny", ["--max-iters", "7", "--lr", "0.002", "--no-bias", "--out-dir", str(tmp_path / "run")])
+    write_json(tmp_path / "run" / "config.json", cfg.to_dict())  # what train.py writes
+    assert load_config(str(tmp_path / "run")) == cfg
+    assert load_config(str(tmp_path / "run" / "config.json")) == cfg
+    again = load_config(str(tmp_path / "run"), ["--out-dir", str(tmp_path / "again")])
+    assert again.to_dict() == cfg.to_dict() | {"out_dir": str(tmp_path / "again")}
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="has no config.json"):
+        load_config(str(tmp_path / "empty"))
+    (tmp_path / "run" / "config.json").write_text('{"max_iters": 7, "lr_rate": 1}')
+    with pytest.raises(UserError, match="unknown key 'lr_rate'"):
+        load_config(str(tmp_path / "run"))
+
+
+def test_script_flags_sit_beside_the_fields():
+    parser = ArgumentParser(prog="train.py")
+    parser.add_argument("--plan", action=Flag, help="print the plan and exit")  # one line per script flag
+    cfg, args = parse_config(parser, ["--config", "tiny", "--plan", "--max_iters=3"])
+    assert (args.plan, args.config, cfg.max_iters, cfg.n_embd) == (True, "tiny", 3, 16)
+    assert not hasattr(args, "max_iters")
+
+
+def test_help_shows_the_selected_configs_values_and_every_field(capsys):
+    assert train.main(["--config", "small", "--help"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert any("--pos-emb {learned,rope}" in line for line in lines)
+    flat = "".join(out.split())  # argparse wraps long help lines
+    for text in ("learnedabsolutepositions(GPT-2)orrotary(default:'rope')", "(default:'muon')", "(default:1800)",
+                 "(default:0.003)", "finetune_gpt2,gpt2,shakespeare_gpu,small,tiny"):
+        assert text in flat
+    for f in fields(TrainConfig):
+        assert f"--{f.name.replace('_', '-')}" in out and "".join(f.metadata["help"].split()) in flat
+    assert train.main(["--config=tiny", "-h"]) == 0
+    assert "optimizersteps(default:20)" in "".join(capsys.readouterr().out.split())
 
 
 def test_main_prints_error_line_and_exits_2(capsys):

@@ -99,6 +99,9 @@ def test_exact_resume_then_sample(tmp_path, data_root):
     for name in ("ckpt.pt", "config.json", "manifest.json", "metrics.jsonl", "loss.png"):
         assert (tmp_path / "full" / name).is_file()
     assert (tmp_path / "full" / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    # --config <run dir> reads the config.json the run wrote: the same settings, vocab_size resolved
+    ran = tiny(tmp_path / "full", data_root, *argv, "--max-iters", "20")
+    assert load_config(str(tmp_path / "full")) == replace(ran, vocab_size=65)
 
     model, ckpt = load_model(tmp_path / "full")
     tok = tokenizer_from_manifest(ckpt["manifest"])

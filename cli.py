@@ -1,0 +1,198 @@
+"""The command line every script shares: argparse with a few habits added.
+
+    parser = ArgumentParser(prog="python sample.py", description=__doc__)
+    parser.add_argument("--top-k", type=integer, help="keep the k most likely tokens")
+    parser.add_argument("--device", default="auto", **argument(Literal["auto", "cpu"]))
+    parser.add_argument("--force", action=Flag, help="rebuild even if up to date")
+    args = parser.parse_args(argv)
+
+- `--flag value` and `--flag=value`; `--max_iters` means `--max-iters` (nanoGPT habits work).
+- Booleans: `--force`, `--no-force`, `--force false` / `--force=0` (true/false, 1/0, yes/no, on/off);
+  a bare flag takes the next word only when it is one of those, so `--force NAME` keeps NAME.
+- `--help` prints the script's docstring as written and each option with its default.
+- Bad input raises errors.UserError, one line: `--device: 'gpu' is not one of auto, cpu, cuda,
+  mps; did you mean 'cuda'?`, `unknown option '--max-iter'; did you mean --max-iters?`.
+  Prefixes are not accepted (allow_abbrev=False): `--max-iter` must not quietly set --max-iters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NoReturn, get_args, get_origin
+
+from errors import UserError
+
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+# Common names for a choice that are too far from it for difflib to suggest
+ALIASES = {"gpu": "cuda", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def closest(word: str, options: Sequence[str]) -> str | None:
+    """The option a typo most likely meant, or None."""
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def integer(value: Any) -> int:
+    """An int from text or a TOML/JSON value; 1e4 and 2_000 are fine, 2.5 and true are not."""
+    try:
+        number = float(value) if isinstance(value, str) and re.search(r"[.eE]", value) else value
+        if isinstance(number, bool) or (isinstance(number, float) and not number.is_integer()):
+            raise ValueError
+        return int(number)
+    except (TypeError, ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"expects an integer, got {value!r}") from None
+
+
+def number(value: Any) -> float:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expects a number, got {value!r}") from None
+
+
+def boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in TRUE + FALSE:
+        return str(value).lower() in TRUE
+    raise argparse.ArgumentTypeError(f"expects true/false (or no value), got {value!r}")
+
+
+class Choice:
+    """Checks a value against fixed options; a near miss gets a "did you mean"."""
+
+    def __init__(self, options: Sequence[str]) -> None:
+        self.options = tuple(options)
+
+    def __call__(self, value: Any) -> str:
+        if value in self.options:
+            return value
+        hint = ALIASES.get(str(value).lower()) or closest(str(value).lower(), self.options)
+        hint = hint if hint in self.options else None
+        raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(self.options)}"
+                                         + (f"; did you mean {hint!r}?" if hint else ""))
+
+
+def converter(annotation: Any) -> Callable[[Any], Any]:
+    """The function that checks and converts a command-line string or a TOML/JSON value to
+    `annotation` (int, float, bool, str or a Literal of strings); it raises ArgumentTypeError."""
+    if get_origin(annotation) is Literal:
+        return Choice(get_args(annotation))
+    return {int: integer, float: number, bool: boolean, str: str}[annotation]
+
+
+def one_of(options: Sequence[str]) -> dict[str, Any]:
+    """add_argument keywords for a choice: choices= lists them in --help; Choice rejects a bad
+    value before argparse does, with a "did you mean"."""
+    return {"type": Choice(options), "choices": tuple(options)}
+
+
+def argument(annotation: Any) -> dict[str, Any]:
+    """add_argument keywords for a value of type `annotation` (see converter)."""
+    if annotation is bool:
+        return {"action": Flag}
+    if get_origin(annotation) is Literal:
+        return one_of(get_args(annotation))
+    return {"type": converter(annotation)}
+
+
+class Flag(argparse.Action):
+    """A boolean option: `--x` is true, `--no-x` false, `--x VALUE` / `--x=VALUE` says which."""
+
+    def __init__(self, option_strings: list[str], dest: str, default: bool = False, **kwargs: Any) -> None:
+        negated = [f"--no-{s[2:]}" for s in option_strings if s.startswith("--")]
+        super().__init__([*option_strings, *negated], dest, nargs="?", type=boolean, default=default,
+                         metavar="BOOL", **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
+                 option_string: str | None = None) -> None:
+        negated = option_string is not None and option_string.startswith("--no-")
+        if negated and value is not None:
+            raise argparse.ArgumentError(None, f"{option_string} takes no value")
+        setattr(namespace, self.dest, not negated if value is None else value)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written; every option with its default; `--x, --no-x` for a Flag."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help = action.help or ""
+        shown = isinstance(action.default, (bool, int, float, str)) and action.default is not argparse.SUPPRESS
+        if not shown or not action.option_strings or "%(default)" in help:
+            return help
+        return f"{help} (default: %(default)r)".lstrip()
+
+    def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
+        return {integer: "INT", number: "FLOAT"}.get(action.type, action.dest.upper())  # type: ignore[arg-type]
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, Flag):
+            return ", ".join(action.option_strings)
+        return super()._format_action_invocation(action)
+
+
+def _dashes(argv: Sequence[str]) -> list[str]:
+    """`--max_iters=5` -> `--max-iters=5`: only the flag's name, never a value, nothing after `--`."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return out + list(argv[i:])
+        if arg.startswith("--"):
+            flag, eq, value = arg.partition("=")
+            arg = flag.replace("_", "-") + eq + value
+        out.append(arg)
+    return out
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse.ArgumentParser with the habits in this module's docstring."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        return super().parse_known_args(self._bare_flags(_dashes(sys.argv[1:] if args is None else args)), namespace)
+
+    def _bare_flags(self, argv: list[str]) -> list[str]:
+        """A boolean flag takes the next word only when it is true/false, so `--force NAME` keeps
+        NAME for the positional: `--force` -> `--force=true`, `--no-force` -> `--force=false`."""
+        out = list(argv)
+        for i, arg in enumerate(argv):
+            if arg == "--":
+                break
+            action = self._option_string_actions.get(arg)
+            if isinstance(action, Flag):
+                following = argv[i + 1].lower() if i + 1 < len(argv) else ""
+                if arg.startswith("--no-"):
+                    out[i] = f"{action.option_strings[0]}=false"
+                elif following not in TRUE + FALSE:
+                    out[i] = f"{arg}=true"
+        return out
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self.error(self._unknown(unknown[0]))
+        return parsed
+
+    def _unknown(self, arg: str) -> str:
+        if not arg.startswith("-") or arg == "--":
+            return f"unexpected argument {arg!r} (see --help)"
+        flag = arg.partition("=")[0]
+        names = [s[2:] for s in self._option_string_actions if s.startswith("--")]
+        hint = closest(flag.lstrip("-"), names)
+        return f"unknown option {flag!r}; " + (f"did you mean --{hint}?" if hint else "see --help for the options")
+
+    def error(self, message: str) -> NoReturn:
+        # argparse writes "argument --x/--no-x: problem"; the first spelling names it well enough
+        raise UserError(re.sub(r"^argument (\S+?)(?:/\S+)?: ", r"\1: ", message))
