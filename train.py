@@ -36,7 +36,7 @@ from configs import TrainConfig, available_configs, help_text, load_config, mode
 from errors import UserError, entry_point
 from optim import configure_optimizer, lr_multiplier, set_lr
 from runlog import RunLog
-from runtime import GlobalBatchLoader, Runtime, StopSignal, setup
+from runtime import GlobalBatchLoader, Runtime, StopSignal, TrainModule, setup
 
 # The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
 ARCH_FIELDS = tuple(k for k in model_fields() if k not in ("dropout", "block_size"))
@@ -184,6 +184,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run one training job described by cfg; returns final losses, paths and why it stopped."""
     t_start = time.time()
     rt = setup(cfg)
+    if rt.is_master:
+        print(rt.describe())  # what runs where: device, precision, kernels, compile (and why not)
     try:
         with StopSignal(escalate=not rt.ddp) as stop:
             return _train(cfg, rt, stop, t_start)
@@ -210,7 +212,7 @@ def _train(cfg: TrainConfig, rt: Runtime, stop: StopSignal, t_start: float) -> d
         print(f"note: starting fresh; this run will overwrite {run_dir / 'ckpt.pt'} (--resume continues it)")
     model, cfg = build_model(cfg, manifest["vocab_size"], ckpt)
     model.to(rt.device)
-    optimizer = configure_optimizer(model, cfg, rt.device_type)
+    optimizer = configure_optimizer(model, cfg, fused=rt.plan.fused_adamw)
     micro_tokens = cfg.batch_size * cfg.block_size * rt.world_size
     tokens_per_step = cfg.tokens_per_step or micro_tokens
     if tokens_per_step % micro_tokens:
@@ -224,18 +226,14 @@ def _train(cfg: TrainConfig, rt: Runtime, stop: StopSignal, t_start: float) -> d
         rt.scaler.load_state_dict(ckpt["scaler"])
         loader.load_state_dict(ckpt["loader"])
         step, best_val, wandb_id = ckpt["step"], ckpt["best_val"], ckpt.get("wandb_id")
-    train_model = torch.compile(model) if cfg.compile else model  # `model` stays the raw module we save
-    if rt.ddp:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        train_model = DDP(train_model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+    train_model = TrainModule(model, rt)  # compiled (or not) and DDP-wrapped; `model` stays the raw module we save
 
     log = RunLog(run_dir, resume_step=step if ckpt is not None else None) if master else None
     if master:
         write_json(run_dir / "config.json", cfg.to_dict())
         write_json(run_dir / "manifest.json", manifest)
         print(f"config {cfg.name}: {cfg.summary()}")
-        print(f"{rt.describe()} | {model.num_params() / 1e6:.2f}M params | {tokens_per_step} tokens/step = "
+        print(f"{model.num_params() / 1e6:.2f}M params | {tokens_per_step} tokens/step = "
               f"{grad_accum} accum x {rt.world_size} proc x {cfg.batch_size} x {cfg.block_size} | "
               f"{cfg.dataset}: {manifest['train_tokens']:,} train tokens" + (f" | resuming at step {step}" if ckpt else ""))
         if cfg.wandb:
@@ -308,7 +306,7 @@ def _train(cfg: TrainConfig, rt: Runtime, stop: StopSignal, t_start: float) -> d
             multiplier = lr_multiplier(step, progress, cfg)
             set_lr(optimizer, multiplier)
             lr = cfg.lr * multiplier
-            loss_sum = forward_backward(train_model, loader, rt, grad_accum)
+            loss_sum = train_model.run(forward_backward, loader, rt, grad_accum)  # uncompiled if compiling fails
             # Stop after this step if the next one plus the final eval+save would overrun max_time.
             step_time = time.perf_counter() - t0
             reserve = 1.2 * final_cost(step_time) + step_time

@@ -76,8 +76,8 @@ class TrainConfig:
     # system
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"  # auto: cuda > mps > cpu
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # autocast; auto: bf16 on GPU, fp32 on CPU
-    compile: bool = False
-    threads: int = 0  # CPU threads for torch; 0 = torch's default (all cores)  # torch.compile the model (slow start, faster steps on GPU)
+    compile: bool = False  # torch.compile the training step (slow start, faster steps on GPU; eager if it fails)
+    threads: int = 0  # CPU threads for torch; 0 = torch's default (all cores)
     seed: int = 1337
     out_dir: str = ""  # "" = out/<name>
     resume: bool = False  # continue from out_dir/ckpt.pt
