@@ -272,8 +272,8 @@ def bench_train(args: argparse.Namespace) -> None:
     runs: dict[str, dict[str, Any]] = {}
     if "ours" in impls:
         model = ours.to(rt.device)
-        opt = configure_optimizer(model, cfg, rt.device_type)
-        fwd = torch.compile(model) if cfg.compile else model
+        opt = configure_optimizer(model, cfg, fused=rt.plan.fused_adamw)
+        fwd = torch.compile(model) if rt.plan.compile else model  # the table may turn it off
         data = SimpleNamespace(next_step=itertools.cycle(pool).__next__)  # what forward_backward reads
 
         def step_ours() -> torch.Tensor:
@@ -289,7 +289,7 @@ def bench_train(args: argparse.Namespace) -> None:
         groups = [{"params": [p for p in plain.parameters() if (p.dim() >= 2) == decay],
                    "weight_decay": cfg.weight_decay if decay else 0.0} for decay in (True, False)]
         p_opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))  # nanoGPT's groups
-        p_fwd = torch.compile(plain) if cfg.compile else plain
+        p_fwd = torch.compile(plain) if rt.plan.compile else plain
         p_data, scaler = itertools.cycle(pool), torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == torch.float16)
 
         def step_plain() -> torch.Tensor:
@@ -341,7 +341,7 @@ def bench_train(args: argparse.Namespace) -> None:
         r["tok_s"] = tok_s = tokens_per_step / (ms / 1000)
         _emit({
             "bench": "train", "config": cfg.name, "impl": name, "device": device,
-            "dtype": str(rt.dtype).removeprefix("torch."), "compile": cfg.compile,
+            "dtype": str(rt.dtype).removeprefix("torch."), "compile": rt.plan.compile,
             "optimizer": cfg.optimizer if name == "ours" else "torch.optim.AdamW",
             "pos_emb": cfg.pos_emb, "params": sum(p.numel() for p in r["model"].parameters()),
             "tokens_per_step": tokens_per_step, "iters": args.iters, "ms_per_iter": round(ms, 3),

@@ -117,9 +117,10 @@ class Chain:
                 group.update(hyper)
 
 
-def configure_optimizer(model: torch.nn.Module, cfg: Any, device_type: str) -> Chain:
+def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool) -> Chain:
     """The optimizer for cfg.optimizer. Every param group records its peak rate as
-    "base_lr"; set_lr scales them all together. Fused AdamW kernels on CUDA and CPU."""
+    "base_lr"; set_lr scales them all together. fused: AdamW's one-kernel step (runtime.TABLE
+    says where, through rt.plan.fused_adamw)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights once
     use_muon = cfg.optimizer == "muon"
     hidden = [p for n, p in named if use_muon and p.dim() == 2 and ".h." in n]
@@ -127,7 +128,7 @@ def configure_optimizer(model: torch.nn.Module, cfg: Any, device_type: str) -> C
     adam_groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
                    {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
     adam = torch.optim.AdamW([g for g in adam_groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             fused=device_type in ("cuda", "cpu"))
+                             fused=fused)
     optimizers: list[torch.optim.Optimizer] = [adam]
     if hidden:
         optimizers.append(Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum))

@@ -1,34 +1,35 @@
-"""Where a run executes: device, precision, seeds and DDP (setup); how it is asked to stop
+"""Where a run executes: what the machine has and what the run does with it (setup); the
+training module, compiled with an eager fallback (TrainModule); how it is asked to stop
 (StopSignal).
 
     rt = setup(cfg)                     # or setup(device="auto", dtype="auto") from sample.py
+    print(rt.describe())                # cuda:0 NVIDIA T4 (capability 7.5), float16 + loss scaling, ...
     with rt.autocast():
         logits, loss = model(x, y)
     rt.scaler.scale(loss).backward()    # a no-op scaler unless dtype is float16
 
-Choices (`--device auto`, `--dtype auto`):
-  device  cuda > mps > cpu. Under torchrun each process takes cuda:LOCAL_RANK.
-  dtype   bfloat16 autocast on GPUs that support it (Ampere and later), float16 autocast with a
-          GradScaler on older GPUs; on CPU bfloat16 where the CPU has bf16 instructions
-          (AVX512-BF16 or AMX), else float32 (emulated bf16 is slower than fp32); float32 on MPS
-          (its autocast coverage varies by macOS version).
+`probe()` reads what the machine reports into a Machine record and `plan()`, a pure function of
+that record and the options, decides with TABLE; tests fake the record to check every row.
 Parameters and optimizer state always stay float32; autocast only lowers the matmuls.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import random
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from checkpoint import capture_rng_state, restore_rng_state
 from errors import UserError
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, matched by substring of
@@ -48,16 +49,139 @@ def peak_flops(device_name: str) -> float | None:
     return PEAK_FLOPS[max(hits, key=len)] if hits else None
 
 
+@dataclass(frozen=True)
+class Machine:
+    """What the machine reports about itself: everything plan() reads, so tests can fake any machine."""
+    gpu: str = ""  # CUDA device name; "" = no CUDA GPU
+    capability: tuple[int, int] = (0, 0)  # CUDA compute capability
+    gpu_bf16: bool = False  # native bfloat16 (capability 8.0+); older GPUs only emulate it, slowly
+    triton: bool = False  # the package torch.compile generates GPU kernels with
+    mps: bool = False  # Apple-silicon GPU
+    cpu_bf16: bool = False  # AVX512-BF16 or AMX: bf16 matmuls in hardware
+
+
+def cpu_has_native_bf16() -> bool:
+    """True on CPUs with bfloat16 matmul instructions (AVX512-BF16, AMX), where bf16 autocast
+    makes small-model training ~17% faster per step; elsewhere bf16 is emulated and slower."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private: absent on some builds
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def probe(local_rank: int = 0) -> Machine:
+    """Ask torch what this machine has (CUDA device `local_rank`, when there is CUDA)."""
+    common = dict(mps=torch.backends.mps.is_available(), cpu_bf16=cpu_has_native_bf16())
+    if not torch.cuda.is_available():
+        return Machine(**common)
+    cap = torch.cuda.get_device_capability(local_rank)
+    # What torch.cuda.is_bf16_supported(including_emulation=False) checks, without making the
+    # device current (a CUDA context costs memory even on a --device cpu run).
+    bf16 = torch.version.hip is not None or cap >= (8, 0)
+    return Machine(gpu=torch.cuda.get_device_name(local_rank), capability=cap, gpu_bf16=bf16,
+                   triton=importlib.util.find_spec("triton") is not None, **common)
+
+
+# The decision table: tier() names a machine's row; --dtype and --compile then apply on top.
+#   tier          dtype for --dtype auto   fused AdamW   why --compile is off there
+TABLE = {
+    "cuda bf16": (torch.bfloat16, True, ""),  # Ampere (8.0) and later: no loss scaling needed
+    "cuda fp16": (torch.float16, True, ""),  # Volta/Turing (7.x): fp16 tensor cores, bf16 only emulated
+    # Pascal and older: no tensor cores, so fp16 buys little (and runs at 1/64 rate on sm 6.1)
+    "cuda old": (torch.float32, True, "capability {cap} < 7.0, the oldest Triton compiles for"),
+    # MPS: float32, as autocast coverage varies by macOS version; AdamW's default (foreach) step,
+    # as the fused MPS kernel is recent (torch 2.4) and unmeasured here
+    "mps": (torch.float32, False, "torch.compile's Metal backend is a prototype"),
+    "cpu bf16": (torch.bfloat16, True, ""),  # AVX512-BF16/AMX: ~17% faster steps on the small config
+    "cpu": (torch.float32, True, ""),  # emulated bf16 is slower than float32
+}
+
+
+def tier(device_type: str, m: Machine) -> str:
+    """The TABLE row of a `device_type` device on machine `m`."""
+    if device_type == "cuda":
+        return "cuda bf16" if m.gpu_bf16 else "cuda fp16" if m.capability >= (7, 0) else "cuda old"
+    return "cpu bf16" if device_type == "cpu" and m.cpu_bf16 else device_type
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run does with the machine; plan() decides it."""
+    device: str  # "cuda:0", "mps", "cpu"
+    dtype: torch.dtype  # autocast compute dtype; float32 means no autocast
+    fused_adamw: bool
+    compile: bool  # torch.compile the training step
+    name: str = ""  # what describe() adds to the device: the GPU, the CPU's bf16 instructions
+    compile_off: str = ""  # why compile is off although it was asked for
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":")[0]
+
+    @property
+    def loss_scaling(self) -> bool:
+        return self.dtype == torch.float16  # small fp16 gradients underflow to zero without it
+
+
+def _pick_device(device: str, m: Machine, local_rank: int) -> str:
+    if device == "auto":
+        device = "cuda" if m.gpu else "mps" if m.mps else "cpu"
+    if device == "cuda":
+        if not m.gpu:
+            raise UserError("--device cuda but torch sees no CUDA GPU; use --device auto or --device cpu")
+        return f"cuda:{local_rank}"
+    if device == "mps" and not m.mps:
+        raise UserError("--device mps but MPS is not available; use --device auto or --device cpu")
+    if device not in ("cpu", "mps"):
+        raise UserError(f"unknown device {device!r}; choose auto, cpu, cuda or mps")
+    return device
+
+
+def _pick_dtype(dtype: str, row: str, training: bool = True) -> torch.dtype:
+    if dtype == "auto":
+        # Decoding one token at a time is overhead-bound on CPU, and fp32 is faster there.
+        return torch.float32 if row == "cpu bf16" and not training else TABLE[row][0]
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in table:
+        raise UserError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
+    if dtype == "bfloat16" and row.startswith("cuda") and row != "cuda bf16":
+        raise UserError("this GPU has no native bfloat16 (capability < 8.0); use --dtype float16 (or auto)")
+    return table[dtype]
+
+
+def plan(m: Machine, device: str = "auto", dtype: str = "auto", compile: bool = False, training: bool = True,
+         local_rank: int = 0) -> Plan:
+    """Device, precision, optimizer kernels and compilation for machine `m` and the options."""
+    dev = _pick_device(device, m, local_rank)
+    row = tier(dev.split(":")[0], m)
+    _, fused, why = TABLE[row]
+    cap, gpu = "{}.{}".format(*m.capability), row.startswith("cuda")
+    if gpu and not why and not m.triton:
+        why = "Triton is not installed (pip install triton; triton-windows on Windows)"
+    why = why.format(cap=cap) if compile else ""
+    name = f"{m.gpu} (capability {cap})" if gpu else "with bf16 instructions" if row == "cpu bf16" else ""
+    return Plan(dev, _pick_dtype(dtype, row, training), fused, compile and not why, name, why)
+
+
 @dataclass
 class Runtime:
-    device: str  # "cuda:0", "mps", "cpu"
-    device_type: str  # "cuda", "mps", "cpu" (what torch.autocast wants)
-    dtype: torch.dtype  # autocast compute dtype; float32 means no autocast
+    plan: Plan
     scaler: torch.amp.GradScaler
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
     peak_flops: float | None = None  # per device
+    attention: str = ""  # the kernel torch picks for the training step's attention, when known
+
+    @property
+    def device(self) -> str:
+        return self.plan.device
+
+    @property
+    def device_type(self) -> str:  # "cuda", "mps", "cpu": what torch.autocast wants
+        return self.plan.device_type
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.plan.dtype
 
     @property
     def ddp(self) -> bool:
@@ -81,47 +205,29 @@ class Runtime:
             torch.distributed.destroy_process_group()
 
     def describe(self) -> str:
-        name = torch.cuda.get_device_name(self.device) if self.device_type == "cuda" else self.device
-        where = f"{self.world_size} processes x {name}" if self.ddp else name
-        return f"{where}, {str(self.dtype).removeprefix('torch.')}"
+        """One line: device, precision, optimizer kernels, attention kernel, compilation (and why not)."""
+        p = self.plan
+        where = f"{self.world_size} processes x {p.device_type}" if self.ddp else p.device
+        dtype = str(p.dtype).removeprefix("torch.") + (" + loss scaling" if p.loss_scaling else "")
+        compiled = "compile on" if p.compile else f"compile off: {p.compile_off}" if p.compile_off else "compile off"
+        parts = [f"{where} {p.name}".strip(), dtype, "fused AdamW" if p.fused_adamw else "AdamW (not fused)",
+                 self.attention, compiled]
+        return ", ".join(part for part in parts if part)
 
 
-def _pick_device(device: str, local_rank: int) -> str:
-    has_mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "mps" if has_mps else "cpu"
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError("--device cuda but torch sees no CUDA GPU; use --device auto or --device cpu")
-        return f"cuda:{local_rank}"
-    if device == "mps" and not has_mps:
-        raise UserError("--device mps but MPS is not available; use --device auto or --device cpu")
-    if device not in ("cpu", "mps"):
-        raise UserError(f"unknown device {device!r}; choose auto, cpu, cuda or mps")
-    return device
+def attention_kernel(cfg: Any, rt: Runtime) -> str:
+    """The attention kernel of the training step, as torch's own dispatcher picks it for these
+    shapes (it weighs capability, dtype, head size and dropout; on sm90 it may prefer cuDNN)."""
+    if cfg.attention == "explicit" or rt.device_type == "mps":  # MPS has one SDPA kernel
+        return "explicit attention" if cfg.attention == "explicit" else "SDPA"
+    from torch.nn.attention import SDPBackend
 
-
-def _pick_dtype(dtype: str, device_type: str, training: bool = True) -> torch.dtype:
-    if dtype == "auto":
-        if device_type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        # Decoding one token at a time is overhead-bound on CPU, and fp32 is faster there.
-        if device_type == "cpu" and training and cpu_has_native_bf16():
-            return torch.bfloat16
-        return torch.float32
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype not in table:
-        raise UserError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
-    if dtype == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UserError("this GPU has no bfloat16 support; use --dtype float16 (or auto)")
-    return table[dtype]
-
-
-def cpu_has_native_bf16() -> bool:
-    """True on CPUs with bfloat16 matmul instructions (AVX512-BF16, AMX), where bf16 autocast
-    makes small-model training ~17% faster per step; elsewhere bf16 is emulated and slower."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private: absent on some builds
-    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+    q = torch.zeros(1, cfg.n_head, 8, cfg.n_embd // cfg.n_head, device=rt.device, dtype=rt.dtype, requires_grad=True)
+    try:  # a private query: where a build lacks it, the line just omits the kernel
+        choice = torch._fused_sdp_choice(q, q, q, is_causal=True, dropout_p=cfg.dropout)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return "SDPA"
+    return f"SDPA {SDPBackend(choice).name.lower().removesuffix('_attention')}"
 
 
 def seed_everything(seed: int) -> None:
@@ -132,23 +238,25 @@ def seed_everything(seed: int) -> None:
 
 def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: int | None = 1337,
           training: bool = True) -> Runtime:
-    """Pick device and precision, seed the RNGs, join the process group under torchrun.
+    """Decide device, precision and compilation (plan), seed the RNGs, join the process group
+    under torchrun.
 
-    `cfg` is anything with .device, .dtype and .seed (a TrainConfig); without one the keyword
-    arguments are used. Each rank seeds with seed + rank so dropout masks differ between
-    ranks; the weights still start identical because DDP broadcasts rank 0's at wrap time.
-    training=False (sampling) keeps dtype auto at float32 on CPU: bf16 speeds up training
-    steps there, but one-token decode steps are overhead-bound and run faster in float32.
+    `cfg` is anything with .device, .dtype, .seed, .threads and .compile (a TrainConfig); without
+    one the keyword arguments are used and nothing is compiled. Each rank seeds with seed + rank
+    so dropout masks differ between ranks; the weights still start identical because DDP
+    broadcasts rank 0's at wrap time. training=False (sampling) keeps dtype auto at float32 on
+    CPU: bf16 speeds up training steps there, but one-token decode steps run faster in float32.
     """
+    compile = False
     if cfg is not None:
-        device, dtype, seed = cfg.device, cfg.dtype, cfg.seed
+        device, dtype, seed, compile = cfg.device, cfg.dtype, cfg.seed, cfg.compile
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    dev = _pick_device(device, local_rank)
-    device_type = dev.split(":")[0]
+    p = plan(probe(local_rank), device, dtype, compile, training, local_rank)
+    dev, device_type = p.device, p.device_type
     if world_size > 1:
         if device_type == "mps":
             raise UserError("DDP does not support MPS; run a single process, or use --device cpu")
@@ -164,12 +272,71 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
         torch.cuda.set_device(dev)
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: ~free speed on Ampere+
         torch.backends.cudnn.allow_tf32 = True
-    amp_dtype = _pick_dtype(dtype, device_type, training)
-    scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
+    scaler = torch.amp.GradScaler(device_type, enabled=p.loss_scaling)
     if seed is not None:
         seed_everything(seed + rank)
     peak = peak_flops(torch.cuda.get_device_name(dev)) if device_type == "cuda" else None
-    return Runtime(dev, device_type, amp_dtype, scaler, rank, local_rank, world_size, peak)
+    rt = Runtime(p, scaler, rank, local_rank, world_size, peak)
+    if cfg is not None:
+        rt.attention = attention_kernel(cfg, rt)
+    return rt
+
+
+class TrainModule:
+    """The module the training step runs: `model` compiled when the plan says so, then wrapped
+    in DDP under torchrun; `model` itself again, uncompiled, if compiling fails.
+
+    torch.compile is lazy: the forward compiles at the first call, the backward at the first
+    backward, so most failures (no Triton, too old a GPU, no C++ compiler, a missing libcuda)
+    surface in the first step. run() retries that step eagerly from the same batches and RNG
+    state, so the run goes on exactly as an uncompiled one would. A failure never stops the run,
+    even with an explicit --compile: the eager step computes the same thing, only slower, and
+    one line says why. Evaluation and sampling call `model` directly and are never compiled.
+    """
+
+    def __init__(self, model: torch.nn.Module, rt: Runtime) -> None:
+        self.model, self.rt = model, rt
+        self.untried = False  # compiled, and the first step has yet to show that compiling works
+        module = model
+        if rt.plan.compile:
+            try:
+                module, self.untried = torch.compile(model), True
+            except Exception as e:  # e.g. a Python version or platform torch.compile does not support
+                self._note("wrapping the model", e)
+        self.module = self._ddp(module)
+
+    def _ddp(self, module: torch.nn.Module) -> torch.nn.Module:
+        if not self.rt.ddp:
+            return module
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(module, device_ids=[self.rt.local_rank] if self.rt.device_type == "cuda" else None)
+
+    def _note(self, when: str, e: BaseException) -> None:
+        while (inner := e.__cause__ or getattr(e, "inner_exception", None)) is not None:
+            e = inner  # torch wraps the compiler's own error (BackendCompilerFailed): name that one
+        reason = next((line.strip() for line in str(e).splitlines() if line.strip()), "")[:200]
+        if self.rt.is_master:
+            from tqdm import tqdm  # writes above a progress bar instead of into it
+
+            tqdm.write(f"note: torch.compile failed {when} ({type(e).__name__}: {reason}); continuing uncompiled")
+
+    def run(self, step: Callable[..., Any], loader: Any, *args: Any) -> Any:
+        """step(module, loader, *args); if the first compiled one fails, that step again uncompiled."""
+        if not self.untried:
+            return step(self.module, loader, *args)
+        self.untried = False
+        before = loader.state_dict(), capture_rng_state()
+        try:
+            return step(self.module, loader, *args)
+        except Exception as e:  # a bug fails again below, uncompiled, with its own traceback
+            self._note("in the first step", e)
+        self.model.zero_grad(set_to_none=True)
+        loader.load_state_dict(before[0])
+        restore_rng_state(before[1])
+        # Every rank fails alike (same software), so the new DDP's broadcast pairs up across ranks.
+        self.module = self._ddp(self.model)
+        return step(self.module, loader, *args)
 
 
 class StopSignal:

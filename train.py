@@ -150,6 +150,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run one training job described by cfg; returns final losses, paths and why it stopped."""
     t_start = time.time()
     rt = setup(cfg)
+    if rt.is_master:
+        print(rt.describe())  # what runs where: device, precision, kernels, compile (and why not)
     try:
         with StopSignal(escalate=not rt.ddp) as stop:
             run = start_run(cfg, rt, t_start)
@@ -182,7 +184,7 @@ def loop(run: Run, stop: StopSignal, t_start: float) -> str:
             t0 = time.perf_counter()
             multiplier = lr_multiplier(st.step, schedule_progress(st.step, cfg, budget), cfg)
             set_lr(run.optimizer, multiplier)
-            loss = forward_backward(run.train_model, run.loader, rt)
+            loss = run.train_model.run(forward_backward, run.loader, rt)  # uncompiled if compiling fails
             late = budget is not None and budget.out_of_time()
             loss, signalled, late = agree(rt, loss, stop.name is not None, late)
             if not math.isfinite(loss):

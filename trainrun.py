@@ -19,7 +19,7 @@ from errors import UserError
 from optim import configure_optimizer
 from runlog import RunLog
 from data.loader import GlobalBatchLoader
-from runtime import Runtime
+from runtime import Runtime, TrainModule
 
 # The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
 ARCH_FIELDS = tuple(k for k in model_fields() if k not in ("dropout", "block_size"))
@@ -151,7 +151,7 @@ class Run:
     cfg: TrainConfig
     rt: Runtime
     model: torch.nn.Module  # the raw module: what is saved, evaluated and sampled
-    train_model: torch.nn.Module  # model, compiled and/or DDP-wrapped: what trains
+    train_model: TrainModule  # model, compiled and/or DDP-wrapped: what trains
     optimizer: Any
     loader: GlobalBatchLoader
     manifest: dict[str, Any]
@@ -196,7 +196,7 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
         print(f"note: starting fresh; this run will overwrite {run_dir / CKPT_NAME} (--resume continues it)")
     model, cfg = build_model(cfg, manifest["vocab_size"], ckpt)
     model.to(rt.device)
-    optimizer = configure_optimizer(model, cfg, rt.device_type)
+    optimizer = configure_optimizer(model, cfg, fused=rt.plan.fused_adamw)
     micro_tokens = cfg.batch_size * cfg.block_size * rt.world_size
     tokens_per_step = cfg.tokens_per_step or micro_tokens
     if tokens_per_step % micro_tokens:
@@ -212,11 +212,7 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
         loader.load_state_dict(ckpt["loader"])
         state = RunState(step=ckpt["step"], best_val=ckpt["best_val"], saved_at=ckpt["step"],
                          wandb_id=ckpt.get("wandb_id"))
-    train_model = torch.compile(model) if cfg.compile else model
-    if rt.ddp:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        train_model = DDP(train_model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+    train_model = TrainModule(model, rt)  # compiled (or not) and DDP-wrapped
     log = RunLog(run_dir, t_start, resume_step=state.step if ckpt is not None else None) if master else None
     run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, run_dir,
               grad_accum, log, state)
@@ -235,7 +231,7 @@ def announce(run: Run, resumed: bool) -> None:
     write_json(run.run_dir / "config.json", cfg.to_dict())
     write_json(run.run_dir / "manifest.json", run.manifest)
     print(f"config {cfg.name}: {cfg.summary()}")
-    print(f"{rt.describe()} | {run.model.num_params() / 1e6:.2f}M params | {run.tokens_per_step} tokens/step = "
+    print(f"{run.model.num_params() / 1e6:.2f}M params | {run.tokens_per_step} tokens/step = "
           f"{run.grad_accum} accum x {rt.world_size} proc x {cfg.batch_size} x {cfg.block_size} | "
           f"{cfg.dataset}: {run.manifest['train_tokens']:,} train tokens"
           + (f" | resuming at step {st.step}" if resumed else ""))

@@ -43,7 +43,7 @@ def test_compiled_training_step_matches_eager_with_fused_adamw():
     for compiled in (False, True):
         m = tiny().train()
         run = torch.compile(m) if compiled else m
-        opt = configure_optimizer(m, load_config("tiny", ["--optimizer", "muon"]), "cuda")
+        opt = configure_optimizer(m, load_config("tiny", ["--optimizer", "muon"]), fused=True)
         x = torch.randint(0, 97, (4, 128), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
         for _ in range(3):
             loss = run(x, x)[1]

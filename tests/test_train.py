@@ -60,7 +60,7 @@ def test_muon_optimizer_trains_and_orthogonalizes():
     s = torch.linalg.svdvals(o)
     assert o.shape == g.shape and s.min() > 0.6 and s.max() < 1.25  # all directions move alike
     model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
-    opt = configure_optimizer(model, load_config("tiny", ["--optimizer", "muon"]), "cpu")
+    opt = configure_optimizer(model, load_config("tiny", ["--optimizer", "muon"]), fused=True)
     muon = [o for o in opt.optimizers if isinstance(o, Muon)][0]
     assert {id(p) for p in muon.param_groups[0]["params"]} == {
         id(p) for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2}
@@ -74,7 +74,7 @@ def test_muon_optimizer_trains_and_orthogonalizes():
         opt.zero_grad()
     assert losses[-1] < 0.8 * losses[0]
     state = opt.state_dict()
-    again = configure_optimizer(model, load_config("tiny", ["--optimizer", "muon"]), "cpu")
+    again = configure_optimizer(model, load_config("tiny", ["--optimizer", "muon"]), fused=True)
     again.load_state_dict(state)
     assert torch.equal(again.optimizers[1].state[muon.param_groups[0]["params"][0]]["momentum_buffer"],
                        muon.state[muon.param_groups[0]["params"][0]]["momentum_buffer"])
@@ -175,6 +175,70 @@ def test_wandb_offline_logs_into_the_run_dir(tmp_path, data_root, monkeypatch):
     blob = Path(runs[0]).read_bytes()  # wandb's record log: keys are stored as plain strings
     assert all(key in blob for key in (b"val_loss", b"train_loss", b"tokens_per_s", b"n_layer", b"samples"))
     assert load_checkpoint(tmp_path)["wandb_id"] in runs[0] and result["step"] == 4
+
+
+def boom(gm, example_inputs):
+    raise RuntimeError("no working C++ compiler\n(a long Inductor message)")
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Compiled code is cached on GPT.forward's code object; a test's cache must not reach the next."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+FALLBACK_ARGV = ["--max-iters", "4", "--eval-interval", "2", "--dropout", "0.1"]  # dropout: RNG restored too
+
+
+@pytest.fixture(scope="module")
+def eager_run(tmp_path_factory, data_root):
+    run_dir = tmp_path_factory.mktemp("eager")
+    return train.train(tiny(run_dir, data_root, *FALLBACK_ARGV)), records(run_dir, "loss")
+
+
+@pytest.mark.parametrize("when", ["wrapping the model", "in the first step", "in the first backward"])
+def test_compile_failure_continues_uncompiled_exactly(tmp_path, data_root, eager_run, monkeypatch, capsys,
+                                                     fresh_dynamo, when):
+    from torch._dynamo.backends.common import aot_autograd
+
+    real_compile = torch.compile
+
+    def failing_compile(model, **kw):
+        if when == "wrapping the model":
+            raise RuntimeError("torch.compile is not supported on this Python")
+        # The backward compiles lazily, at the first backward: the step fails after its forward ran.
+        backend = boom if when == "in the first step" else aot_autograd(fw_compiler=lambda gm, _: gm, bw_compiler=boom)
+        return real_compile(model, backend=backend)
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    capsys.readouterr()
+    fell_back = train.train(tiny(tmp_path, data_root, *FALLBACK_ARGV, "--compile"))
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]  # the first line states the plan: compiling
+    assert first.startswith("cpu") and first.endswith(", compile on")
+    notes = [line for line in out.splitlines() if "torch.compile failed" in line]
+    said = ("wrapping the model (RuntimeError: torch.compile is not supported on this Python)" if when == "wrapping the model"
+            else "in the first step (RuntimeError: no working C++ compiler)")
+    assert len(notes) == 1 and notes[0].endswith(f"torch.compile failed {said}; continuing uncompiled")
+    eager, eager_losses = eager_run
+    assert records(tmp_path, "loss") == eager_losses and fell_back["val_loss"] == eager["val_loss"]
+
+
+def test_only_the_training_step_is_compiled(tmp_path, data_root, monkeypatch, fresh_dynamo):
+    shapes, real_compile = [], torch.compile
+
+    def recording(gm, example_inputs):  # a backend that records the token inputs and runs the graph as is
+        shapes.extend(tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor) and t.dtype == torch.long)
+        return gm.forward
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, backend=recording))
+    # evaluation in batches of 7 and sampling one growing row: shapes a compiled step never sees
+    result = train.train(tiny(tmp_path, data_root, "--compile", "--max-iters", "4", "--eval-interval", "2",
+                              "--eval-batch-size", "7", "--sample-tokens", "8"))
+    assert shapes and set(shapes) == {(4, 32)}  # (batch_size, block_size): idx and targets
+    assert result["step"] == 4 and len(result["sample"]) == 8
 
 
 def test_same_result_whatever_the_split_between_processes_and_accumulation(tmp_path, data_root):
