@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import json
 import math
 import os
 import re
@@ -132,13 +131,18 @@ def generate_texts(model, tok, rows: Sequence[Sequence[int]], max_new_tokens: in
 
 def load(args: argparse.Namespace):
     """(model on CPU in eval mode, tokenizer) from --init-from, --ckpt, --config or out/small."""
-    from checkpoint import find_checkpoint, load_model
-    from data.tokenizer import get_tokenizer, tokenizer_from_manifest
-    if args.init_from:
-        from model.hf import load_hf_gpt2
+    from checkpoint import find_checkpoint, is_checkpoint, load_model, read_manifest
+    from data.tokenizer import tokenizer_from_manifest
 
-        return load_hf_gpt2(args.init_from).eval(), get_tokenizer("gpt2")
     where = args.ckpt
+    if args.init_from:
+        from model.hf import GPT2_MANIFEST, load_hf_gpt2, resolve_init_from
+
+        where = resolve_init_from(args.init_from)
+        if not is_checkpoint(where):  # a Hugging Face directory: GPT-2 BPE unless we exported it
+            model, tok = load_hf_gpt2(where).eval(), tokenizer_from_manifest(read_manifest(where, GPT2_MANIFEST))
+            check_vocab(model, tok, str(where))
+            return model, tok
     if args.config:
         from configs import load_config
 
@@ -147,21 +151,7 @@ def load(args: argparse.Namespace):
             raise UserError(f"no checkpoint in {where}; train one first: `python train.py --config {args.config}`")
     path = find_checkpoint(where)
     model, ckpt = load_model(path)
-    manifest_path = path.parent / "manifest.json"
-    if manifest_path.is_file():
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as e:
-            raise UserError(f"{manifest_path} is not valid JSON ({e}); "
-                            "copy the dataset's manifest.json there again") from None
-    elif isinstance(ckpt.get("manifest"), dict):
-        manifest = ckpt["manifest"]
-    else:
-        raise UserError(f"{path.parent} has no manifest.json, so the tokenizer is unknown; copy "
-                        "data/prepared/<dataset>/manifest.json into the run dir")
-    if not isinstance(manifest, dict):
-        raise UserError(f"{manifest_path} is not a data manifest (expected a JSON object)")
-    tok = tokenizer_from_manifest(manifest)
+    tok = tokenizer_from_manifest(read_manifest(path.parent, ckpt.get("manifest")))
     train_config = ckpt.get("train_config")
     declared = train_config.get("vocab_size") if isinstance(train_config, dict) else None
     check_vocab(model, tok, str(path), declared)

@@ -5,7 +5,8 @@
     python train.py --config small --resume        # continue out/small exactly where it stopped
     python train.py --config small --max-time 60   # wall-clock budget (s), final eval+save included
     python train.py --config runs/mine.toml        # TOML of field overrides, optionally base = "small"
-    python train.py --config finetune_gpt2 --init-from models/gpt2   # a local Hugging Face GPT-2 dir
+    python train.py --config finetune_gpt2 --init-from gpt2-medium  # a hub id, a HF GPT-2 dir or a run dir
+    python train.py --config finetune_gpt2 --eval-only   # loss and perplexity of gpt2, no training
     torchrun --standalone --nproc_per_node=8 train.py --config gpt2
     python train.py --help                         # every option, with its default
 
@@ -54,18 +55,15 @@ def build_model(cfg: TrainConfig, vocab_size: int, ckpt: dict | None) -> tuple[t
     from model import GPT
 
     source, src = ("checkpoint", ckpt) if ckpt is not None else (cfg.init_from, None)
-    path = Path(cfg.init_from)
     if ckpt is None and cfg.init_from:
-        if (path / "ckpt.pt").is_file() or path.suffix == ".pt":
-            src = load_checkpoint(path)
-        elif (path / "config.json").is_file():
-            from model.hf import load_hf_gpt2
+        from checkpoint import is_checkpoint
+        from model.hf import load_hf_gpt2, resolve_init_from
 
-            model = load_hf_gpt2(path, dropout=cfg.dropout)
+        path = resolve_init_from(cfg.init_from)  # a run of ours, a HF GPT-2 dir, or a hub id from the HF cache
+        if is_checkpoint(path):
+            src = load_checkpoint(path)
         else:
-            what = "not a run directory (no ckpt.pt) nor a Hugging Face GPT-2 directory (no config.json)"
-            raise UserError(f"--init-from {path}: {what if path.exists() else 'does not exist'}; for GPT-2 run "
-                            f"`huggingface-cli download gpt2 --local-dir {path}` where there is internet")
+            model = load_hf_gpt2(path, dropout=cfg.dropout)
     if src is not None:
         model = model_from_checkpoint(src, source, dropout=cfg.dropout)
     elif not cfg.init_from:
@@ -184,10 +182,34 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     t_start = time.time()
     rt = setup(cfg)
     try:
+        if cfg.eval_only:
+            return eval_only(cfg, rt)
         with StopSignal(escalate=not rt.ddp) as stop:
             return _train(cfg, rt, stop, t_start)
     finally:
         rt.close()
+
+
+def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
+    """--eval-only: mean loss and perplexity of --init-from (or out_dir's checkpoint) on the whole
+    val split of cfg.dataset, and on as many train windows (from the start), in block_size windows."""
+    from checkpoint import is_checkpoint
+
+    if rt.ddp:
+        raise UserError("--eval-only runs in one process; start it with python, not torchrun")
+    ds_dir = dataset_dir(cfg)
+    manifest = json.loads((ds_dir / "manifest.json").read_text())
+    if not cfg.init_from and not is_checkpoint(cfg.run_dir):
+        raise UserError(f"--eval-only: no checkpoint in {cfg.run_dir}; train one first, or pass --init-from "
+                        "(a run dir, a Hugging Face GPT-2 dir or a hub id such as gpt2)")
+    ckpt = None if cfg.init_from else load_checkpoint(cfg.run_dir)
+    model, cfg = build_model(replace(cfg, eval_iters=0), manifest["vocab_size"], ckpt)
+    losses = evaluate(model.to(rt.device), ds_dir, cfg, rt)
+    print(f"{cfg.init_from or cfg.run_dir} on {cfg.dataset} ({rt.describe()}, block_size {cfg.block_size}):")
+    for split, extent in (("val", "the whole split"), ("train", "as many windows")):
+        loss = losses[f"{split}_loss"]
+        print(f"  {split:<5} loss {loss:.4f}  perplexity {math.exp(loss):.2f}  ({extent})")
+    return {**losses, "stopped": "eval_only"}
 
 
 def _train(cfg: TrainConfig, rt: Runtime, stop: StopSignal, t_start: float) -> dict[str, Any]:

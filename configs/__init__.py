@@ -81,10 +81,11 @@ class TrainConfig:
     seed: int = 1337
     out_dir: str = ""  # "" = out/<name>
     resume: bool = False  # continue from out_dir/ckpt.pt
-    init_from: str = ""  # a run dir of ours or a local HF GPT-2 dir; ignored by --resume
+    init_from: str = ""  # a run dir of ours, a HF GPT-2 dir or hub id (gpt2, user/repo); ignored by --resume
     wandb: bool = False  # log to Weights & Biases (offline without an API key)
     wandb_project: str = "gpt"
     wandb_run_name: str = ""  # "" = the config name
+    eval_only: bool = False  # no training: loss and perplexity of --init-from (or out_dir's checkpoint)
 
     def __post_init__(self) -> None:
         self.model_config(vocab_size=1)  # GPTConfig validates the model fields
