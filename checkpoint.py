@@ -93,6 +93,31 @@ def keep_best(run_dir: str | Path) -> Path:
     return best
 
 
+def is_checkpoint(path: str | Path) -> bool:
+    """A run directory holding ckpt.pt, or a checkpoint file."""
+    p = Path(path)
+    return (p / CKPT_NAME).is_file() or (p.suffix == ".pt" and p.is_file())
+
+
+def read_manifest(folder: str | Path, fallback: Any = None) -> dict[str, Any]:
+    """The data manifest saved beside the weights (manifest.json), else `fallback` (a checkpoint's
+    copy of it): it names the tokenizer the weights were trained with."""
+    path = Path(folder) / "manifest.json"
+    if path.is_file():
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"{path} is not valid JSON ({e}); copy the dataset's manifest.json there again") from None
+    elif isinstance(fallback, dict):
+        manifest = fallback
+    else:
+        raise UserError(f"{path.parent} has no manifest.json, so the tokenizer is unknown; copy "
+                        "data/prepared/<dataset>/manifest.json into the run dir")
+    if not isinstance(manifest, dict):
+        raise UserError(f"{path} is not a data manifest (expected a JSON object)")
+    return manifest
+
+
 def load_checkpoint(path: str | Path | None = None, map_location: str | torch.device = "cpu",
                     best: bool = False) -> dict[str, Any]:
     """Load a checkpoint dict safely (weights_only); a clear UserError if it is not one."""

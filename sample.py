@@ -9,10 +9,12 @@ r"""Sample text from a trained GPT, streaming tokens to the terminal as they are
     python sample.py --prompt-file prompts.txt               # one prompt per line
     echo "To be, or not" | python sample.py --prompt -       # prompt from stdin
     python sample.py --config tiny --device cpu --dtype float32   # out/tiny; or --ckpt DIR|FILE
-    python sample.py --init-from path/to/hf-gpt2 --prompt "Hello"   # local HF GPT-2 directory
+    python sample.py --init-from gpt2 --prompt "Hello"   # a hub id (cache first), a HF GPT-2 dir or a run dir
     python sample.py --prompt "ROMEO: O" --show-attention attn.png --layer 0 --max-new-tokens 0
 
-The tokenizer is rebuilt from the manifest.json saved in the run dir (GPT-2 BPE for --init-from).
+The tokenizer is rebuilt from the manifest.json saved in the run dir (or in an exported HF
+directory); other Hugging Face GPT-2 directories and hub ids use GPT-2 BPE. A run dir's best.pt
+is used when there is one (the lowest val loss), else its ckpt.pt.
 "\n", "\t", "\\" in --prompt, --prompt-file lines (blank ones skipped) and --stop mean newline,
 tab, backslash; a stdin prompt is verbatim, minus the trailing newline `echo` adds. An empty
 prompt starts from the end-of-text token (BPE) or a newline (char vocabularies). A sample ends
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import json
 import math
 import os
 import re
@@ -134,13 +135,18 @@ def generate_texts(model, tok, rows: Sequence[Sequence[int]], max_new_tokens: in
 
 def load(args: argparse.Namespace):
     """(model on CPU in eval mode, tokenizer) from --init-from, --ckpt, --config or out/small."""
-    from checkpoint import find_checkpoint, load_model
-    from data.tokenizer import get_tokenizer, tokenizer_from_manifest
-    if args.init_from:
-        from model.hf import load_hf_gpt2
+    from checkpoint import find_checkpoint, is_checkpoint, load_model, read_manifest
+    from data.tokenizer import tokenizer_from_manifest
 
-        return load_hf_gpt2(args.init_from).eval(), get_tokenizer("gpt2")
     where = args.ckpt
+    if args.init_from:
+        from model.hf import GPT2_MANIFEST, load_hf_gpt2, resolve_init_from
+
+        where = resolve_init_from(args.init_from)
+        if not is_checkpoint(where):  # a Hugging Face directory: GPT-2 BPE unless we exported it
+            model, tok = load_hf_gpt2(where).eval(), tokenizer_from_manifest(read_manifest(where, GPT2_MANIFEST))
+            check_vocab(model, tok, str(where))
+            return model, tok
     if args.config:
         from configs import load_config
 
@@ -149,21 +155,7 @@ def load(args: argparse.Namespace):
             raise UserError(f"no checkpoint in {where}; train one first: `python train.py --config {args.config}`")
     path = find_checkpoint(where, best=True)
     model, ckpt = load_model(path)
-    manifest_path = path.parent / "manifest.json"
-    if manifest_path.is_file():
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as e:
-            raise UserError(f"{manifest_path} is not valid JSON ({e}); "
-                            "copy the dataset's manifest.json there again") from None
-    elif isinstance(ckpt.get("manifest"), dict):
-        manifest = ckpt["manifest"]
-    else:
-        raise UserError(f"{path.parent} has no manifest.json, so the tokenizer is unknown; copy "
-                        "data/prepared/<dataset>/manifest.json into the run dir")
-    if not isinstance(manifest, dict):
-        raise UserError(f"{manifest_path} is not a data manifest (expected a JSON object)")
-    tok = tokenizer_from_manifest(manifest)
+    tok = tokenizer_from_manifest(read_manifest(path.parent, ckpt.get("manifest")))
     train_config = ckpt.get("train_config")
     declared = train_config.get("vocab_size") if isinstance(train_config, dict) else None
     check_vocab(model, tok, str(path), declared)
@@ -299,7 +291,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     src.add_argument("--ckpt", "--out-dir", dest="ckpt", metavar="DIR|FILE",
                      help="run dir or ckpt.pt file (default: out/small)")
     src.add_argument("--config", metavar="NAME", help="the run dir of this training config (small: out/small)")
-    src.add_argument("--init-from", metavar="DIR", help="a local Hugging Face GPT-2 directory (save_pretrained output)")
+    src.add_argument("--init-from", metavar="NAME|DIR",
+                     help="a GPT-2 hub id (gpt2, gpt2-medium, user/repo), a Hugging Face GPT-2 dir or a run dir")
     p.add_argument("--prompt", action="append", metavar="TEXT", help="prompt text (repeatable); - reads stdin")
     p.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line")
     p.add_argument("--num-samples", type=integer, default=1, help="samples per prompt")

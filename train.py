@@ -6,7 +6,8 @@
     python train.py --config small --max-time 60   # wall-clock budget (s), final eval+save included
     python train.py --config runs/mine.toml        # TOML of field values, optionally base = "small"
     python train.py --config out/small --out-dir out/again   # a finished run's settings (its config.json)
-    python train.py --config finetune_gpt2 --init-from models/gpt2   # a local Hugging Face GPT-2 dir
+    python train.py --config finetune_gpt2 --init-from gpt2-medium  # a hub id, a HF GPT-2 dir or a run dir
+    python train.py --config finetune_gpt2 --eval-only   # loss and perplexity of gpt2, no training
     torchrun --standalone --nproc_per_node=8 train.py --config gpt2
     python train.py --config small --help          # every option, with small's values as defaults
 
@@ -40,7 +41,7 @@ from data.loader import GlobalBatchLoader
 from errors import UserError, entry_point
 from optim import lr_multiplier, set_lr
 from runtime import Runtime, StopSignal, setup
-from trainrun import Run, evaluate, sample_text, save, start_run
+from trainrun import Run, eval_only, evaluate, sample_text, save, start_run
 
 
 class TrainingDiverged(UserError):
@@ -153,6 +154,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if rt.is_master:
         print(rt.describe())  # what runs where: device, precision, kernels, compile (and why not)
     try:
+        if cfg.eval_only:
+            return eval_only(cfg, rt)
         with StopSignal(escalate=not rt.ddp) as stop:
             run = start_run(cfg, rt, t_start)
             stopped = None

@@ -35,18 +35,15 @@ def build_model(cfg: TrainConfig, vocab_size: int, ckpt: dict | None) -> tuple[t
     from model import GPT
 
     source, src = ("checkpoint", ckpt) if ckpt is not None else (cfg.init_from, None)
-    path = Path(cfg.init_from)
     if ckpt is None and cfg.init_from:
-        if (path / "ckpt.pt").is_file() or path.suffix == ".pt":
-            src = load_checkpoint(path, best=True)
-        elif (path / "config.json").is_file():
-            from model.hf import load_hf_gpt2
+        from checkpoint import is_checkpoint
+        from model.hf import load_hf_gpt2, resolve_init_from
 
-            model = load_hf_gpt2(path, dropout=cfg.dropout)
+        path = resolve_init_from(cfg.init_from)  # a run of ours, a HF GPT-2 dir, or a hub id from the HF cache
+        if is_checkpoint(path):
+            src = load_checkpoint(path, best=True)
         else:
-            what = "not a run directory (no ckpt.pt) nor a Hugging Face GPT-2 directory (no config.json)"
-            raise UserError(f"--init-from {path}: {what if path.exists() else 'does not exist'}; for GPT-2 run "
-                            f"`hf download gpt2 --local-dir {path}` where there is internet")
+            model = load_hf_gpt2(path, dropout=cfg.dropout)
     if src is not None:
         model = model_from_checkpoint(src, source, dropout=cfg.dropout)
     elif not cfg.init_from:
@@ -63,6 +60,28 @@ def build_model(cfg: TrainConfig, vocab_size: int, ckpt: dict | None) -> tuple[t
     if changed:
         print(f"note: architecture taken from {source}: {' '.join(changed)}")
     return model, built
+
+
+def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
+    """--eval-only: mean loss and perplexity of --init-from (or out_dir's best checkpoint) on the
+    whole val split of cfg.dataset, and on as many train windows (from the start)."""
+    from checkpoint import is_checkpoint
+
+    if rt.ddp:
+        raise UserError("--eval-only runs in one process; start it with python, not torchrun")
+    ds_dir = dataset_dir(cfg)
+    manifest = json.loads((ds_dir / "manifest.json").read_text())
+    if not cfg.init_from and not is_checkpoint(cfg.run_dir):
+        raise UserError(f"--eval-only: no checkpoint in {cfg.run_dir}; train one first, or pass --init-from "
+                        "(a run dir, a Hugging Face GPT-2 dir or a hub id such as gpt2)")
+    ckpt = None if cfg.init_from else load_checkpoint(cfg.run_dir, best=True)
+    model, cfg = build_model(replace(cfg, eval_iters=0), manifest["vocab_size"], ckpt)
+    losses = evaluate(model.to(rt.device), ds_dir, cfg, rt)
+    print(f"{cfg.init_from or cfg.run_dir} on {cfg.dataset} (block_size {cfg.block_size}):")
+    for split, extent in (("val", "the whole split"), ("train", "as many windows")):
+        loss = losses[f"{split}_loss"]
+        print(f"  {split:<5} loss {loss:.4f}  perplexity {math.exp(loss):.2f}  ({extent})")
+    return {**losses, "stopped": "eval_only"}
 
 
 def check_resumable(cfg: TrainConfig, ckpt: dict, path: Path) -> None:

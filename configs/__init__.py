@@ -99,7 +99,9 @@ class TrainConfig:
     seed: int = _field(1337, "seed of every random stream (each DDP rank adds its rank)")
     out_dir: str = _field("", "the run directory; empty = out/<name>")
     resume: bool = _field(False, "continue from out_dir/ckpt.pt")
-    init_from: str = _field("", "start from a run dir of ours or a local HF GPT-2 dir; ignored by --resume")
+    init_from: str = _field("", "start from a run dir of ours, a local HF GPT-2 dir or a hub id (gpt2, "
+                            "gpt2-medium, ...); ignored by --resume")
+    eval_only: bool = _field(False, "no training: loss and perplexity of --init-from (or out_dir's checkpoint)")
     wandb: bool = _field(False, "log to Weights & Biases (offline without an API key)")
     wandb_project: str = _field("gpt", "the wandb project")
     wandb_run_name: str = _field("", "empty = the config name")

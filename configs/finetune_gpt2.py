@@ -1,7 +1,8 @@
-"""Fine-tune a pretrained GPT-2 (a local Hugging Face directory) on Shakespeare, BPE tokens.
+"""Fine-tune pretrained GPT-2 on Shakespeare, BPE tokens.
 
-    # once, on a machine with internet:  hf download gpt2 --local-dir models/gpt2
-    python train.py --config finetune_gpt2 --init-from models/gpt2
+    python train.py --config finetune_gpt2                          # gpt2 from the Hugging Face cache or hub
+    python train.py --config finetune_gpt2 --init-from gpt2-medium  # any GPT-2 hub id or local HF directory
+    python train.py --config finetune_gpt2 --eval-only              # GPT-2's loss on Shakespeare, untrained
 
 The model shape comes from the pretrained weights; a small constant learning rate for a few
 dozen steps is enough (Shakespeare is ~300k tokens, so longer runs overfit).
@@ -14,7 +15,7 @@ from configs import BASE
 CONFIG = replace(
     BASE,
     dataset="shakespeare",
-    init_from="models/gpt2",
+    init_from="gpt2",
     n_layer=12, n_head=12, n_embd=768, block_size=1024, dropout=0.1,
     batch_size=4, tokens_per_step=32768,
     lr=3e-5, min_lr=3e-5, warmup_iters=0, lr_schedule="constant",

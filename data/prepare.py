@@ -5,8 +5,9 @@
     python -m data.prepare --text book.txt --tokenizer char          # -> data/prepared/book_char
     python -m data.prepare --text corpus_dir/ --name mycorpus        # every .txt under the folder
     python -m data.prepare --files a.parquet b.parquet --text-column content --num-proc 8
-    python -m data.prepare --files docs.jsonl --val-fraction 0.05
-    python -m data.prepare --hf roneneldan/TinyStories --split train --streaming   # needs network
+    python -m data.prepare --files docs.jsonl.gz --val-fraction 0.05  # .gz/.bz2/.xz/.zst, .txt, .csv too
+    python -m data.prepare --hf path/to/dataset_dir --split validation  # data files or save_to_disk
+    python -m data.prepare --hf roneneldan/TinyStories --revision main --streaming   # needs network
 
 Splits: the first (1 - val_fraction) of the text is train, the rest val. A single text (the
 presets, --text FILE) is split by characters before encoding, exactly as nanoGPT does (so
@@ -24,7 +25,9 @@ UTF-8 text as read), version (token-file format), val_fraction, split_by, doc_se
 Read the tokenizer back with data.tokenizer_from_manifest(manifest).
 
 Re-running is cheap: when the manifest matches (same tokenizer, split and source content hash,
-or for hub datasets the same name/subset/split), the existing files are reused; --force rebuilds.
+or for hub datasets the same name/subset/split/revision), the existing files are reused; --force
+rebuilds. `datasets` reads every source (data/sources.py); only a hub dataset asks the network,
+and not when it is in the datasets cache and the hub is unreachable.
 Every file is written under a temporary name and renamed when complete, manifest last.
 """
 
@@ -49,7 +52,7 @@ import numpy as np
 from cli import ArgumentParser, Flag, integer, number, one_of
 from errors import UserError, entry_point
 
-from .sources import Source, files_source, hub_source, text_source
+from .sources import Source, dataset_source, files_source, split_name, text_source
 from .tokenfile import (VERSION, dtype_for_vocab, read_header, read_tokens, truncate_tokens,
                         write_tokens)
 from .tokenizer import TOKENIZERS, Tokenizer, get_tokenizer, tokenizer_from_manifest
@@ -72,8 +75,9 @@ def _log(verbose: bool, msg: str) -> None:
         print(msg, flush=True)
 
 
-def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: str | None,
-             split: str, text_column: str, streaming: bool, tokenizer: str | None) -> tuple[Source, str, str]:
+def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: str | None, split: str,
+             revision: str | None, text_column: str, streaming: bool,
+             tokenizer: str | None) -> tuple[Source, str, str]:
     """(source, tokenizer name, output name) from the prepare() arguments."""
     given = [flag for flag, v in (("--text", text), ("--files", files), ("--hf", hf)) if v]
     if len(given) > 1:
@@ -97,13 +101,14 @@ def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: st
         raise UserError(f"unknown tokenizer {tokenizer!r}; choose one of: {', '.join(TOKENIZERS)}")
     if text:
         source = text_source(text)
-        stem = Path(text).stem if Path(text).is_file() else Path(text).resolve().name
+        stem = split_name(Path(text))[0] if Path(text).is_file() else Path(text).resolve().name
     elif files:
         source = files_source([files] if isinstance(files, (str, os.PathLike)) else files, text_column)
-        stem = Path(source.description["paths"][0]).stem
+        stem = split_name(Path(source.description["paths"][0]))[0]
     else:
-        source = hub_source(hf, subset, split, text_column, streaming)  # type: ignore[arg-type]
-        stem = hf.replace("/", "_") + (f"_{subset}" if subset else "")  # type: ignore[union-attr]
+        source = dataset_source(hf, subset, split, text_column, streaming, revision)  # type: ignore[arg-type]
+        stem = Path(hf).resolve().name if Path(hf).is_dir() else hf.replace("/", "_")  # type: ignore[arg-type]
+        stem += f"_{subset}" if subset else ""
     name = name or (stem + ("_char" if tokenizer == "char" else ""))
     return source, tokenizer, name
 
@@ -278,6 +283,7 @@ def prepare(
     hf: str | None = None,
     subset: str | None = None,
     split: str = "train",
+    revision: str | None = None,
     text_column: str = "text",
     streaming: bool = False,
     tokenizer: str | None = None,
@@ -293,7 +299,7 @@ def prepare(
     """
     if not 0.0 < val_fraction < 1.0:
         raise UserError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-    source, tok_name, name = _resolve(name, text, files, hf, subset, split, text_column,
+    source, tok_name, name = _resolve(name, text, files, hf, subset, split, revision, text_column,
                                       streaming, tokenizer)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise UserError(f"dataset name {name!r} must be letters, digits, '.', '_' or '-'; pass --name")
@@ -363,10 +369,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("name", nargs="?", help=f"a preset ({', '.join(PRESETS)}) or the output name for a source")
     src = p.add_argument_group("sources (instead of a preset)")
     src.add_argument("--text", metavar="PATH", help="a UTF-8 text file, or a folder of .txt files (one document each)")
-    src.add_argument("--files", nargs="+", metavar="FILE", help="local .parquet/.jsonl/.json/.csv files")
-    src.add_argument("--hf", metavar="DATASET", help="a Hugging Face hub dataset name (needs network)")
-    src.add_argument("--subset", help="hub dataset configuration")
-    src.add_argument("--split", default="train", help="hub dataset split to read")
+    src.add_argument("--files", nargs="+", metavar="FILE", help="local .txt/.parquet/.jsonl/.json/.csv files, maybe .gz/.bz2/.xz/.zst")
+    src.add_argument("--hf", metavar="DATASET", help="a dataset directory, or a Hugging Face hub dataset (network unless cached)")
+    src.add_argument("--subset", help="dataset configuration")
+    src.add_argument("--split", default="train", help="dataset split to read")
+    src.add_argument("--revision", help="hub dataset branch, tag or commit (default: main)")
     src.add_argument("--text-column", default="text", help="column holding the text")
     src.add_argument("--streaming", action=Flag, help="stream the hub dataset (no full download)")
     p.add_argument("--tokenizer", **one_of(TOKENIZERS), help="default: the preset's, else gpt2")
@@ -383,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.name and a.out_name and a.name != a.out_name:
         p.error("give the output name once (NAME or --name)")
     prepare(a.out_name or a.name, text=a.text, files=a.files, hf=a.hf, subset=a.subset,
-            split=a.split, text_column=a.text_column, streaming=a.streaming,
+            split=a.split, revision=a.revision, text_column=a.text_column, streaming=a.streaming,
             tokenizer=a.tokenizer, val_fraction=a.val_fraction, out_root=a.out_root,
             num_proc=a.num_proc, force=a.force, verbose=not a.quiet)
     return 0

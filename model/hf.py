@@ -1,18 +1,24 @@
-"""GPT-2 weights to and from a Hugging Face checkpoint directory (config.json + model.safetensors).
+"""GPT-2 weights to and from Hugging Face: checkpoint directories, hub model ids, run export.
 
-Works on local directories only: `save_pretrained` output, or a hub snapshot already on disk.
+    python -m model.hf export out/tiny exported/tiny     # then AutoModelForCausalLM / AutoTokenizer
+
+`--init-from NAME` (train.py, sample.py) is resolved by `resolve_init_from`: a run directory of
+ours, a local HF GPT-2 directory (save_pretrained output), or a hub model id (gpt2, gpt2-medium,
+distilgpt2, user/repo) taken from the Hugging Face cache, and downloaded only when not there.
 Our parameter names are GPT-2's, so the mapping is one to one; the only difference is that
 HF stores its linear layers as Conv1D, (in, out), where nn.Linear keeps (out, in).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 
-from errors import UserError
+from errors import UserError, entry_point
 
 from .config import GPTConfig
 from .gpt import GPT
@@ -20,6 +26,12 @@ from .gpt import GPT
 # HF Conv1D weights are transposed relative to nn.Linear.
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 _GPT2_ARCH = dict(pos_emb="learned", norm="layernorm", activation="gelu", bias=True, qk_norm=False)
+_ARCH_FLAGS = {"pos_emb": "--pos-emb learned", "norm": "--norm layernorm", "activation": "--activation gelu",
+               "bias": "--bias", "qk_norm": "--no-qk-norm"}
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+# From a hub repo: config, generation config, tokenizer and weights, not its TF/Flax/ONNX copies.
+_HUB_FILES = ["*.json", "*.safetensors"]
+GPT2_MANIFEST = {"tokenizer": "gpt2", "vocab_size": 50257}  # the tokenizer of a HF dir we did not write
 
 
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -79,14 +91,67 @@ def load_hf_gpt2(path: str | Path, **overrides) -> GPT:
     return model
 
 
-def save_hf_gpt2(model: GPT, path: str | Path) -> Path:
-    """Write model as a HF GPT-2 directory that `GPT2LMHeadModel.from_pretrained` loads."""
+def _complete(folder: str | Path) -> bool:
+    return (Path(folder) / "config.json").is_file() and any((Path(folder) / w).is_file() for w in _WEIGHTS)
+
+
+def resolve_init_from(name: str) -> Path:
+    """--init-from NAME as a local path: a run directory (or ckpt file) of ours or a HF GPT-2
+    directory as given, else hub model NAME from the Hugging Face cache (no network), else
+    downloaded into that cache. Anything else is one UserError line saying what to do."""
+    from checkpoint import is_checkpoint
+
+    path = Path(name)
+    if path.exists():
+        if is_checkpoint(path) or (path / "config.json").is_file():
+            return path
+        raise UserError(f"--init-from {name}: not a run directory (no ckpt.pt) nor a Hugging Face GPT-2 "
+                        "directory (no config.json)")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
+
+    try:  # the cache first: a cached model needs no network at all
+        folder = snapshot_download(name, allow_patterns=_HUB_FILES, local_files_only=True)
+        if _complete(folder):
+            return Path(folder)
+    except HFValidationError:
+        raise UserError(f"--init-from {name}: no such file or directory (and not a hub model id)") from None
+    except LocalEntryNotFoundError:
+        pass
+    get = f"`hf download {name} --include '*.json' '*.safetensors' --local-dir models/{name}`"
+    try:
+        folder = snapshot_download(name, allow_patterns=_HUB_FILES)
+        if not _complete(folder):  # an older repo with only PyTorch pickles
+            folder = snapshot_download(name, allow_patterns=["pytorch_model.bin"])
+    except LocalEntryNotFoundError:  # offline, or the hub is unreachable
+        raise UserError(f"--init-from {name}: no such directory, and hub model {name!r} is not in the Hugging "
+                        f"Face cache and the hub is unreachable; where there is internet run {get} and pass "
+                        f"--init-from models/{name}") from None
+    except HfHubHTTPError as e:  # not found, private, gated, bad revision
+        reason = str(e).strip().splitlines()[0][:200]
+        raise UserError(f"--init-from {name}: no such directory, and the hub answered: {reason}") from None
+    return Path(folder)
+
+
+def check_exportable(c: GPTConfig) -> None:
+    """HF GPT-2 has learned positions, LayerNorm, GELU, biases and no QK-norm; refuse the rest."""
+    differ = [k for k, v in _GPT2_ARCH.items() if getattr(c, k) != v]
+    if differ:
+        has = ", ".join(f"{k}={getattr(c, k)}" for k in differ)
+        raise UserError(f"Hugging Face GPT-2 cannot express this model ({has}); train with "
+                        f"{' '.join(_ARCH_FLAGS[k] for k in differ)} for a run that exports")
+
+
+def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_size: int | None = None) -> Path:
+    """Write model as a HF GPT-2 directory that `GPT2LMHeadModel.from_pretrained` loads:
+    model.safetensors, config.json, generation_config.json. eot_id is the tokenizer's end-of-text
+    (bos/eos; None for vocabularies without one); vocab_size (the tokenizer's) drops the rows an
+    embedding padded past it has, so transformers can never generate those ids."""
     from safetensors.torch import save_file
 
     c = model.config
-    arch = {k: getattr(c, k) for k in _GPT2_ARCH}
-    if arch != _GPT2_ARCH:
-        raise UserError(f"only the GPT-2 architecture exports to Hugging Face GPT-2; this model has {arch}")
+    check_exportable(c)
+    vocab = vocab_size or c.vocab_size
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {}
@@ -94,11 +159,12 @@ def save_hf_gpt2(model: GPT, path: str | Path) -> Path:
         if key == "lm_head.weight" and c.tie_weights:
             continue  # shared with wte; safetensors refuses aliased tensors and HF re-ties on load
         tensor = tensor.t() if key.endswith(_CONV1D) else tensor
+        tensor = tensor[:vocab] if key in ("transformer.wte.weight", "lm_head.weight") else tensor
         state[key] = tensor.detach().to("cpu").contiguous()
     hf_config = {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
-        "vocab_size": c.vocab_size,
+        "vocab_size": vocab,
         "n_positions": c.block_size,
         "n_ctx": c.block_size,
         "n_embd": c.n_embd,
@@ -112,9 +178,49 @@ def save_hf_gpt2(model: GPT, path: str | Path) -> Path:
         "attn_pdrop": c.dropout,
         "initializer_range": 0.02,
         "tie_word_embeddings": c.tie_weights,
-        "bos_token_id": 50256,
-        "eos_token_id": 50256,
+        "bos_token_id": eot_id,  # explicit null: GPT2Config would otherwise assume 50256
+        "eos_token_id": eot_id,
     }
+    generation = {"bos_token_id": eot_id, "eos_token_id": eot_id}
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    (path / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     return path
+
+
+def export_run(run: str | Path, out: str | Path) -> Path:
+    """A run directory (or ckpt file) as a HF directory: weights, configs, the run's tokenizer in
+    transformers' format, and our manifest.json (so --init-from OUT gets the same tokenizer back)."""
+    from checkpoint import find_checkpoint, load_model, read_manifest, write_json
+    from data.tokenizer import save_hf_tokenizer, tokenizer_from_manifest
+
+    ckpt_path = find_checkpoint(run)
+    if Path(out).resolve() == ckpt_path.parent.resolve():
+        raise UserError(f"export {run} into another directory: its config.json is not Hugging Face's")
+    model, ckpt = load_model(ckpt_path)
+    manifest = read_manifest(ckpt_path.parent, ckpt.get("manifest"))
+    tok = tokenizer_from_manifest(manifest)
+    check_exportable(model.config)  # before anything is written
+    save_hf_tokenizer(tok, out, model.config.block_size)
+    save_hf_gpt2(model, out, eot_id=tok.eot_id, vocab_size=tok.vocab_size)
+    write_json(Path(out) / "manifest.json", manifest)
+    return Path(out)
+
+
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m model.hf", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    export = commands.add_parser("export", help="write a run as a Hugging Face directory")
+    export.add_argument("run", help="a run directory (out/<config>) or its ckpt.pt")
+    export.add_argument("out", help="the directory to write")
+    args = parser.parse_args(argv)
+    out = export_run(args.run, args.out)
+    print(f"wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}\n"
+          f"load it with transformers: AutoModelForCausalLM.from_pretrained({str(out)!r}), "
+          f"AutoTokenizer.from_pretrained({str(out)!r})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -12,3 +12,24 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def network_calls(monkeypatch) -> list:
+    """Every host name looked up and every address connected to, each refused and recorded: a
+    test asserts the list is empty (nothing asked the network) or holds what was expected."""
+    import socket
+
+    calls: list = []
+
+    def lookup(host, port, *args, **kwargs):
+        calls.append((host, port))
+        raise socket.gaierror(socket.EAI_NONAME, "network disabled by the test")
+
+    def connect(sock, address):
+        calls.append(address)
+        raise OSError("network disabled by the test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    return calls

@@ -1,4 +1,4 @@
-"""Tests for data/: tokenizers, token files, prepare (text, folder, parquet, jsonl), loaders, errors."""
+"""Tests for data/: tokenizers, token files, prepare (every file format, dataset dirs, the hub), loaders, errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import data.prepare as prep
-import data.sources as sources
 from data import (BatchLoader, GlobalBatchLoader, eval_batches, get_tokenizer, read_tokens,
                   tokenizer_from_manifest, write_tokens)
 from data.tokenizer import (GPT2_ENCODER_JSON_HASH, GPT2_PAT_STR, GPT2_VOCAB_BPE_HASH,
@@ -191,8 +190,7 @@ def test_prepare_process_pool_matches_single_process(tmp_path, monkeypatch):
 
 
 @needs_gpt2
-def test_prepare_parquet_and_jsonl(tmp_path):
-    pytest.importorskip("datasets")
+def test_prepare_parquet_text_column(tmp_path):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
 
@@ -202,18 +200,79 @@ def test_prepare_parquet_and_jsonl(tmp_path):
     with pytest.raises(UserError, match="no column 'text'.*content, id.*--text-column"):
         prep.prepare(files=[tmp_path / "d.parquet"], name="x", out_root=tmp_path, verbose=False, force=True)
 
-    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
-    ds = prep.prepare(files=str(tmp_path / "d.jsonl"), tokenizer="char", out_root=tmp_path, verbose=False)
+
+def _compressed(path: Path, data: bytes) -> Path:
+    """Write data to path, compressed as its last suffix says."""
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".zst": None}.get(path.suffix, open)
+    if path.suffix == ".zst":
+        opener = pytest.importorskip("zstandard").open
+    with opener(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _write_docs(folder: Path, name: str) -> list[Path]:
+    """DOCS in the format `name` says: one .txt file per document, or one table file."""
+    import csv
+    import io
+
+    fmt = name.split(".")[1]
+    if fmt == "txt":
+        return [_compressed(folder / name.replace("d.", f"d{i}."), doc.encode()) for i, doc in enumerate(DOCS)]
+    if fmt == "parquet":
+        pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+        pq.write_table(pa.table({"text": DOCS}), folder / name)
+        return [folder / name]
+    if fmt == "csv":
+        buf = io.StringIO()
+        csv.writer(buf).writerows([["id", "text"], *enumerate(DOCS)])
+        data = buf.getvalue()
+    else:
+        rows = [{"text": d} for d in DOCS]
+        data = json.dumps(rows) if fmt == "json" else "".join(json.dumps(r) + "\n" for r in rows)
+    return [_compressed(folder / name, data.encode())]
+
+
+@pytest.mark.parametrize("name", ["d.txt", "d.jsonl", "d.json", "d.csv", "d.parquet", "d.jsonl.gz",
+                                  "d.csv.bz2", "d.json.xz", "d.jsonl.zst", "d.txt.gz"])
+def test_prepare_files_in_every_format(tmp_path, name, network_calls):
+    files = _write_docs(tmp_path, name)
+    ds = prep.prepare(files=files, tokenizer="char", out_root=tmp_path / "out", verbose=False)
+    assert ds.name == ("d0_char" if name.startswith("d.txt") else "d_char")  # named without the suffixes
+    assert _decoded(ds) == "".join(d + "\n\n" for d in DOCS) and network_calls == []
+    assert json.loads((ds / "manifest.json").read_text())["source"]["format"] == name.split(".")[1].replace(
+        "jsonl", "json").replace("txt", "text")
+
+
+def test_prepare_local_dataset_dirs_ask_no_network(tmp_path, network_calls):
+    datasets = pytest.importorskip("datasets")
+    repo = tmp_path / "repo" / "data"  # a hub dataset's layout: split names in the file names
+    repo.mkdir(parents=True)
+    for split, docs in (("train", DOCS), ("validation", ["held out", "and more"])):
+        (repo / f"{split}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    ds = prep.prepare(hf=str(repo.parent), split="validation", tokenizer="char", out_root=tmp_path, verbose=False)
+    assert ds.name == "repo_char" and _decoded(ds) == "held out\n\nand more\n\n"
+
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": DOCS, "n": [1, 2, 3]}),
+                          "test": datasets.Dataset.from_dict({"text": ["x"], "n": [0]})}).save_to_disk(saved)
+    ds = prep.prepare(hf=str(saved), tokenizer="char", out_root=tmp_path, verbose=False)
     assert _decoded(ds) == "".join(d + "\n\n" for d in DOCS)
+    with pytest.raises(UserError, match=r"no split 'validation' \(splits: train, test\).*--split"):
+        prep.prepare(hf=str(saved), split="validation", out_root=tmp_path, verbose=False)
+    assert network_calls == []
 
 
-def test_undecodable_bytes_are_replaced_with_a_warning(tmp_path, capsys):
+def test_undecodable_bytes_are_replaced(tmp_path):
     path = tmp_path / "bad.txt"
-    path.write_bytes(b"good text \xff\xfe more text, long enough to split" * 3)
+    raw = b"good text \xff\xfe more text,\r\nlong enough to split" * 3
+    path.write_bytes(raw)
     ds = prep.prepare(text=path, tokenizer="char", out_root=tmp_path, verbose=False)
-    assert "\ufffd" in json.loads((ds / "manifest.json").read_text())["chars"]
-    err = capsys.readouterr().err
-    assert "6 undecodable byte sequence(s) replaced with U+FFFD" in err and str(path) in err
+    assert _decoded(ds) == raw.decode("utf-8", "replace").replace("\r\n", "\n")
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -244,22 +303,29 @@ def test_empty_or_tiny_corpus(tmp_path):
     assert not any(p.is_file() for p in (tmp_path / "out").rglob("*"))
 
 
-def test_hub_unreachable(tmp_path, monkeypatch):
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(sources, "host_reachable", lambda host: False)
-    with pytest.raises(UserError, match=r"needs network access.*--files.*--text"):
-        prep.prepare(hf="someone/some_dataset", out_root=tmp_path, verbose=False)
-
+def test_hub_dataset_offline_uses_the_cache_or_says_how_to_get_it(tmp_path, monkeypatch, network_calls):
     datasets = pytest.importorskip("datasets")
-
-    def fail(*args, **kwargs):
-        raise ConnectionError("Couldn't reach 'someone/some_dataset' on the Hub")
-
-    monkeypatch.setattr(sources, "host_reachable", lambda host: True)
-    monkeypatch.setattr(datasets, "load_dataset", fail)
-    with pytest.raises(UserError, match=r"ConnectionError: Couldn't reach.*--files"):
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # as without HF_HUB_OFFLINE=1
+    get = r"hf download someone/some_dataset --repo-type dataset --local-dir data/hub/someone/some_dataset"
+    with pytest.raises(UserError, match=r"hub dataset 'someone/some_dataset'.*not in the datasets cache.*" + get):
         prep.prepare(hf="someone/some_dataset", out_root=tmp_path, verbose=False)
+    with pytest.raises(UserError, match=r"cannot reach huggingface.co to stream .*" + get):
+        prep.prepare(hf="someone/some_dataset", streaming=True, out_root=tmp_path, verbose=False)
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
+    assert network_calls == [("huggingface.co", 443)] * 2  # the one probe each time, no retries
+
+    asked = []  # what datasets is asked when the hub is away: its cache, with our split and revision
+
+    def cached(name, subset, **kwargs):
+        asked.append((name, subset, kwargs, datasets.config.HF_HUB_OFFLINE))
+        return datasets.Dataset.from_dict({"text": DOCS})
+
+    monkeypatch.setattr(datasets, "load_dataset", cached)
+    ds = prep.prepare(hf="someone/some_dataset", revision="v1", split="test", tokenizer="char",
+                      out_root=tmp_path, verbose=False)
+    assert asked == [("someone/some_dataset", None, {"split": "test", "revision": "v1", "streaming": False}, True)] * 2
+    assert _decoded(ds) == "".join(d + "\n\n" for d in DOCS) and datasets.config.HF_HUB_OFFLINE is False
+    assert json.loads((ds / "manifest.json").read_text())["source"]["revision"] == "v1"
 
 
 def test_cli_missing_path_exits_2_with_one_line(tmp_path):

@@ -1,22 +1,35 @@
-"""Parity with Hugging Face transformers' GPT-2 on random weights, both directions."""
+"""Hugging Face round trips: transformers' GPT-2 parity both ways, hub ids from the cache,
+exported runs that AutoTokenizer/AutoModelForCausalLM/pipeline use as sample.py does, eval-only."""
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+import sample
+import train
+from checkpoint import save_checkpoint, write_json
+from configs import load_config
+from data import read_tokens
+from data.prepare import prepare
 from errors import UserError
 from model import GPT, GPTConfig
-from model.hf import load_hf_gpt2, save_hf_gpt2
+from model.hf import export_run, load_hf_gpt2, resolve_init_from, save_hf_gpt2
 
 transformers = pytest.importorskip("transformers")
+REPO = Path(__file__).resolve().parent.parent
+CHARS = "".join(sorted(set((REPO / "data/corpora/tinyshakespeare/input.txt").read_text())))
 
 
-def hf_tiny(tie: bool = True):
+def hf_tiny(tie: bool = True, vocab: int = 37):
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        vocab_size=37, n_positions=24, n_embd=16, n_layer=2, n_head=2,
+        vocab_size=vocab, n_positions=24, n_embd=16, n_layer=2, n_head=2,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tie,
+        bos_token_id=None, eos_token_id=None,  # not GPT-2's 50256: these vocabularies are smaller
     )
     model = transformers.GPT2LMHeadModel(config).eval()
     with torch.no_grad():  # HF zero-inits biases and ones norms; randomise all so every weight is tested
@@ -47,10 +60,127 @@ def test_transformers_loads_our_export_and_matches_our_logits(tmp_path, tie):
         assert torch.equal(a, b), k
 
 
-def test_modern_variant_refuses_to_export(tmp_path):
+def random_run(path: Path, tokenizer: str, vocab: int, **arch) -> Path:
+    """A run directory holding a random GPT (weights sharp enough that greedy text varies)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=vocab, block_size=32, n_layer=2, n_head=2, n_embd=16, **arch))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    save_checkpoint(path, {"model": model.state_dict(), "model_config": model.config.to_dict()})
+    manifest = ({"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS, "eot_id": None} if tokenizer == "char"
+                else {"tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256})
+    write_json(path / "manifest.json", {"name": "t", **manifest})
+    return path
+
+
+# the BPE model's vocabulary (50304) is padded past the tokenizer's (50257): the export drops those rows
+@pytest.mark.parametrize("tokenizer, vocab, tok_vocab, prompt", [("char", 65, 65, "ROMEO:\nO, "),
+                                                                 ("gpt2", 50304, 50257, "ROMEO: Hello")])
+def test_exported_run_generates_our_greedy_text_in_transformers(tmp_path, capsys, network_calls, tokenizer, vocab,
+                                                                tok_vocab, prompt):
+    run = random_run(tmp_path / "run", tokenizer, vocab)
+    assert sample.main(["--ckpt", str(run), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "16",
+                        "--device", "cpu", "--dtype", "float32"]) == 0
+    ours = capsys.readouterr().out.removesuffix("\n")
+    assert len(set(ours[len(prompt):])) > 3  # varied text, or equality would prove little
+
+    with pytest.raises(UserError, match="into another directory"):
+        export_run(run, run)  # its config.json would be overwritten
+    out = export_run(run, tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    eot = "<|endoftext|>" if tokenizer == "gpt2" else None
+    assert (tok.bos_token, tok.eos_token, model.config.eos_token_id, model.generation_config.eos_token_id) == (
+        eot, eot, tok.eos_token_id, tok.eos_token_id) and model.config.vocab_size == len(tok) == tok_vocab
+    ids = tok(prompt, return_tensors="pt").input_ids
+    assert ids[0].tolist() == sample.load(sample.parse_args(["--ckpt", str(run)]))[1].encode(prompt)  # our ids
+    greedy = model.generate(ids, max_new_tokens=16, do_sample=False)
+    assert tok.decode(greedy[0], skip_special_tokens=True) == ours
+    pipe = transformers.pipeline("text-generation", model=str(out), device="cpu")
+    assert pipe(prompt, max_new_tokens=16, do_sample=False)[0]["generated_text"] == ours
+
+    for back in (out, run):  # and back again, as --init-from: the export, and the run dir itself
+        assert sample.main(["--init-from", str(back), "--prompt", prompt, "--temperature", "0",
+                            "--max-new-tokens", "16", "--device", "cpu", "--dtype", "float32"]) == 0
+        assert capsys.readouterr().out.removesuffix("\n") == ours
+    assert network_calls == []
+
+
+def test_modern_variant_refuses_to_export_naming_the_flags(tmp_path, capsys):
+    from model.hf import main
+
     ours = GPT(GPTConfig(vocab_size=37, block_size=24, n_layer=1, n_head=2, n_embd=16, pos_emb="rope"))
-    with pytest.raises(UserError, match="GPT-2 architecture"):
+    with pytest.raises(UserError, match="pos_emb=rope.*train with --pos-emb learned for a run that exports"):
         save_hf_gpt2(ours, tmp_path)
+    run = random_run(tmp_path / "run", "char", 65, norm="rmsnorm", activation="relu2", qk_norm=True, bias=False)
+    assert main(["export", str(run), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "with --norm layernorm --activation gelu --bias --no-qk-norm for" in err
+    assert not (tmp_path / "hf").exists()  # refused before anything was written
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """A temporary HF_HOME whose hub cache gets models laid out as huggingface_hub downloads them:
+    models--ORG--NAME/refs/main holds the commit, snapshots/COMMIT/ the files."""
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    cache = tmp_path / "hf_home" / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))  # read at import
+
+    def add(repo_id: str, model) -> Path:
+        commit = "0123456789abcdef0123456789abcdef01234567"
+        repo = cache / f"models--{repo_id.replace('/', '--')}"
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text(commit)
+        model.save_pretrained(repo / "snapshots" / commit)
+        return repo / "snapshots" / commit
+
+    return add
+
+
+def test_init_from_a_cached_hub_id_needs_no_network(hub_cache, network_calls, capsys):
+    snapshot = hub_cache("tiny-org/tiny-gpt2", hf_tiny(vocab=50257))
+    assert resolve_init_from("tiny-org/tiny-gpt2") == snapshot
+    argv = ["--init-from", "tiny-org/tiny-gpt2", "--prompt", "Hello", "--max-new-tokens", "5", "--seed", "0"]
+    assert sample.main(argv) == 0 and capsys.readouterr().out.startswith("Hello")
+    assert network_calls == []
+
+
+def test_init_from_an_uncached_hub_id_offline_is_one_line_naming_hf_download(hub_cache, network_calls, capsys):
+    assert sample.main(["--init-from", "tiny-org/absent", "--prompt", "Hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --init-from tiny-org/absent: ")
+    assert "`hf download tiny-org/absent --include '*.json' '*.safetensors' --local-dir models/tiny-org/absent`" in err
+    assert network_calls  # the hub was asked, once the cache had nothing
+    with pytest.raises(UserError, match="no such file or directory"):
+        resolve_init_from("./no/such/dir")
+    with pytest.raises(UserError, match="not a run directory .* nor a Hugging Face GPT-2 directory"):
+        resolve_init_from(str(REPO / "tests"))
+
+
+def test_eval_only_loss_equals_transformers_on_the_same_windows(tmp_path, hub_cache, network_calls, capsys):
+    (tmp_path / "t.txt").write_text((REPO / "data/corpora/tinyshakespeare/input.txt").read_text()[:30000])
+    ds = prepare(text=tmp_path / "t.txt", tokenizer="char", name="t", out_root=tmp_path, verbose=False)
+    vocab = json.loads((ds / "manifest.json").read_text())["vocab_size"]
+    hf = hf_tiny(vocab=vocab)
+    hub_cache("tiny-org/tiny-gpt2", hf)
+    # 124 val windows in batches of 7: the last batch is short, so the mean must weight by tokens
+    cfg = load_config("tiny", ["--eval-only", "--init-from", "tiny-org/tiny-gpt2", "--device", "cpu",
+                               "--dtype", "float32", "--block-size", "24", "--eval-batch-size", "7"])
+    result = train.train(replace(cfg, dataset="t", data_root=str(tmp_path), out_dir=str(tmp_path / "out")))
+
+    tokens = torch.from_numpy(read_tokens(ds / "val.bin").astype(np.int64))
+    n = (len(tokens) - 1) // 24  # every whole window of 24 predictions, as evaluate() reads them
+    x, y = tokens[: n * 24].view(n, 24), tokens[1 : n * 24 + 1].view(n, 24)  # (n * 24,) -> (n, 24) each
+    with torch.no_grad():
+        logits = hf(x).logits
+    reference = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).item()
+    assert result["val_loss"] == pytest.approx(reference, abs=1e-4)
+    assert f"val   loss {reference:.4f}" in capsys.readouterr().out and network_calls == []
 
 
 def test_not_a_checkpoint_directory_is_one_clear_error(tmp_path):

@@ -133,6 +133,20 @@ def test_nan_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_root, monke
     assert max(records(tmp_path, "loss")) == 12
 
 
+def test_eval_only_reproduces_the_runs_final_whole_split_eval(tmp_path, data_root, capsys):
+    whole = ("--eval-iters", "0", "--eval-batch-size", "1024")  # the whole val split, in a few batches
+    trained = train.train(tiny(tmp_path, data_root, *whole, "--max-iters", "5"))
+    step = load_checkpoint(tmp_path)["step"]
+    evaluated = train.train(tiny(tmp_path, data_root, *whole, "--eval-only"))
+    assert evaluated["stopped"] == "eval_only" and load_checkpoint(tmp_path)["step"] == step  # nothing trained
+    assert (evaluated["val_loss"], evaluated["train_loss"]) == (trained["val_loss"], trained["train_loss"])
+    again = train.train(tiny(tmp_path / "other", data_root, *whole, "--eval-only", "--init-from", str(tmp_path)))
+    assert again["val_loss"] == trained["val_loss"]  # the same run dir, as --init-from
+    assert f"perplexity {math.exp(trained['val_loss']):.2f}" in capsys.readouterr().out
+    with pytest.raises(UserError, match="--eval-only: no checkpoint in .*--init-from"):
+        train.train(tiny(tmp_path / "none", data_root, "--eval-only"))
+
+
 def test_max_time_budget_includes_final_eval_and_save(tmp_path, data_root):
     # one-time imports (torch.optim pulls in torch._dynamo, ~3 s cold) would eat a 3 s budget
     import matplotlib.pyplot  # noqa: F401
