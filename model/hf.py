@@ -11,7 +11,6 @@ HF stores its linear layers as Conv1D, (in, out), where nn.Linear keeps (out, in
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -189,12 +188,12 @@ def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_
 
 
 def export_run(run: str | Path, out: str | Path) -> Path:
-    """A run directory (or ckpt file) as a HF directory: weights, configs, the run's tokenizer in
+    """A run directory (its best.pt, else ckpt.pt) or a .pt file as a HF directory: weights, configs, the run's tokenizer in
     transformers' format, and our manifest.json (so --init-from OUT gets the same tokenizer back)."""
     from checkpoint import find_checkpoint, load_model, read_manifest, write_json
     from data.tokenizer import save_hf_tokenizer, tokenizer_from_manifest
 
-    ckpt_path = find_checkpoint(run)
+    ckpt_path = find_checkpoint(run, best=True)
     if Path(out).resolve() == ckpt_path.parent.resolve():
         raise UserError(f"export {run} into another directory: its config.json is not Hugging Face's")
     model, ckpt = load_model(ckpt_path)
@@ -209,10 +208,12 @@ def export_run(run: str | Path, out: str | Path) -> Path:
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m model.hf", description=__doc__.splitlines()[0])
+    from cli import ArgumentParser
+
+    parser = ArgumentParser(prog="python -m model.hf", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="write a run as a Hugging Face directory")
-    export.add_argument("run", help="a run directory (out/<config>) or its ckpt.pt")
+    export.add_argument("run", help="a run directory (out/<config>: its best.pt, else ckpt.pt) or a .pt file")
     export.add_argument("out", help="the directory to write")
     args = parser.parse_args(argv)
     out = export_run(args.run, args.out)
