@@ -12,12 +12,14 @@ r"""Sample text from a trained GPT, streaming tokens to the terminal as they are
     python sample.py --init-from path/to/hf-gpt2 --prompt "Hello"   # local HF GPT-2 directory
     python sample.py --prompt "ROMEO: O" --show-attention attn.png --layer 0 --max-new-tokens 0
 
-The tokenizer is rebuilt from the manifest.json saved in the run dir (GPT-2 BPE for --init-from).
+The tokenizer is rebuilt from the data manifest stored in the checkpoint (the run dir's
+manifest.json must agree with it; GPT-2 BPE for --init-from).
 "\n", "\t", "\\" in --prompt, --prompt-file lines (blank ones skipped) and --stop mean newline,
 tab, backslash; a stdin prompt is verbatim, minus the trailing newline `echo` adds. An empty
-prompt starts from the end-of-text token (BPE) or a newline (char vocabularies). A sample ends
-at the end-of-text token (not printed) or right after the first --stop string in its new text
-(the stop string is kept, what follows is cut).
+prompt starts from the end-of-text token (BPE) or a newline (char vocabularies; the first
+character for a corpus without one). A sample ends at the end-of-text token (not printed) or
+right after the first --stop string in its new text (the stop string is kept, what follows is
+cut).
 
 Output: one sample (one prompt, --num-samples 1) streams: the prompt, then each piece of text as
 soon as it is decoded (BPE bytes pass an incremental UTF-8 decoder, so a character split across
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import json
 import math
 import os
 import re
@@ -132,12 +133,14 @@ def generate_texts(model, tok, rows: Sequence[Sequence[int]], max_new_tokens: in
 
 def load(args: argparse.Namespace):
     """(model on CPU in eval mode, tokenizer) from --init-from, --ckpt, --config or out/small."""
-    from checkpoint import find_checkpoint, load_model
+    from checkpoint import checkpoint_manifest, find_checkpoint, load_model
     from data.tokenizer import get_tokenizer, tokenizer_from_manifest
     if args.init_from:
         from model.hf import load_hf_gpt2
 
-        return load_hf_gpt2(args.init_from).eval(), get_tokenizer("gpt2")
+        model, tok = load_hf_gpt2(args.init_from).eval(), get_tokenizer("gpt2")
+        check_vocab(model, tok, args.init_from)
+        return model, tok
     where = args.ckpt
     if args.config:
         from configs import load_config
@@ -147,21 +150,7 @@ def load(args: argparse.Namespace):
             raise UserError(f"no checkpoint in {where}; train one first: `python train.py --config {args.config}`")
     path = find_checkpoint(where, best=True)
     model, ckpt = load_model(path)
-    manifest_path = path.parent / "manifest.json"
-    if manifest_path.is_file():
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as e:
-            raise UserError(f"{manifest_path} is not valid JSON ({e}); "
-                            "copy the dataset's manifest.json there again") from None
-    elif isinstance(ckpt.get("manifest"), dict):
-        manifest = ckpt["manifest"]
-    else:
-        raise UserError(f"{path.parent} has no manifest.json, so the tokenizer is unknown; copy "
-                        "data/prepared/<dataset>/manifest.json into the run dir")
-    if not isinstance(manifest, dict):
-        raise UserError(f"{manifest_path} is not a data manifest (expected a JSON object)")
-    tok = tokenizer_from_manifest(manifest)
+    tok = tokenizer_from_manifest(checkpoint_manifest(path, ckpt))
     train_config = ckpt.get("train_config")
     declared = train_config.get("vocab_size") if isinstance(train_config, dict) else None
     check_vocab(model, tok, str(path), declared)
@@ -176,8 +165,8 @@ def check_vocab(model, tok, where: str, declared: int | None = None) -> None:
     if V == tv:
         return
     if not (tv < V and (declared == V or (V % 64 == 0 and V - tv < 64))):
-        raise UserError(f"{where}: model vocab_size {V} does not match the manifest's {tok.name} tokenizer "
-                        f"({tv} tokens); the run dir's manifest.json is not the dataset it was trained on")
+        raise UserError(f"{where}: the model's vocabulary ({V} tokens) does not fit the {tok.name} tokenizer "
+                        f"({tv} tokens) it would sample with; sample a model trained with that tokenizer")
     pad = torch.arange(tv, V)
     model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, pad.to(out.device), float("-inf")))
 
@@ -204,12 +193,10 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 def encode_prompt(tok, text: str, block_size: int) -> list[int]:
     if not text:
-        if tok.eot_id is not None:
-            note("empty prompt: starting from the end-of-text token")
-            return [tok.eot_id]
-        start = "\n" if "\n" in getattr(tok, "chars", []) else tok.decode([0])
-        note(f"empty prompt: starting from {'a newline' if start == chr(10) else repr(start)}")
-        return tok.encode(start)
+        start = tok.decode([tok.start_id])
+        what = "the end-of-text token" if tok.start_id == tok.eot_id else "a newline" if start == "\n" else repr(start)
+        note(f"empty prompt: starting from {what}")
+        return [tok.start_id]
     try:
         ids = tok.encode(text)
     except UserError as e:
@@ -281,11 +268,14 @@ def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
     fig.suptitle(f"attention weights, layer {layer} (of 0..{n_layer - 1}), {T} prompt tokens")
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="weight")
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=110)
     except ValueError as e:  # an extension matplotlib cannot write
         raise UserError(f"--show-attention {path}: {e}") from None
+    except OSError as e:
+        raise UserError(f"--show-attention {path}: cannot write there ({e.strerror}: {e.filename}); "
+                        "pick another path") from None
     finally:
         plt.close(fig)
     return out

@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from budget import TimeBudget
-from checkpoint import BEST_NAME, CKPT_NAME, keep_best
+from checkpoint import BEST_NAME, CKPT_NAME, keep_best, lock_run_dir
 from configs import TrainConfig, available_configs, help_text, load_config
 from errors import UserError, entry_point
 from optim import lr_multiplier, set_lr
@@ -146,8 +146,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run one training job described by cfg; returns final losses, paths and why it stopped."""
     t_start = time.time()
     rt = setup(cfg)
-    try:
-        with StopSignal(escalate=not rt.ddp) as stop:
+    try:  # only rank 0 writes the run dir; its lock keeps a second run out
+        with lock_run_dir(cfg.run_dir) if rt.is_master else contextlib.nullcontext(), \
+                StopSignal(escalate=not rt.ddp) as stop, rt.peer_failures():
             run = start_run(cfg, rt, t_start)
             stopped = None
             try:

@@ -79,6 +79,7 @@ class TrainConfig:
     compile: bool = False
     threads: int = 0  # CPU threads for torch; 0 = torch's default (all cores)  # torch.compile the model (slow start, faster steps on GPU)
     seed: int = 1337
+    ddp_timeout: float = 600.0  # seconds a process waits for the others; then a hung or stopped one ends the job
     out_dir: str = ""  # "" = out/<name>
     resume: bool = False  # continue from out_dir/ckpt.pt
     init_from: str = ""  # a run dir of ours or a local HF GPT-2 dir; ignored by --resume
@@ -88,7 +89,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.model_config(vocab_size=1)  # GPTConfig validates the model fields
-        positive = ("batch_size", "max_iters", "eval_interval", "log_interval")
+        positive = ("batch_size", "max_iters", "eval_interval", "log_interval", "ddp_timeout")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be positive, got {getattr(self, name)}")

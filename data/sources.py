@@ -11,6 +11,7 @@ their count (rejecting a large scraped corpus over a few bad bytes helps nobody)
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
 import sys
@@ -47,16 +48,41 @@ def hash_files(paths: Iterable[Path]) -> str:
     return h.hexdigest()
 
 
+# UTF-32 LE first: its byte-order mark starts with UTF-16 LE's
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def text_encoding(data: bytes) -> str:
+    """The encoding of a text file's bytes: its byte-order mark's; UTF-16 without one when most
+    character pairs have a zero high byte (Latin text in UTF-16; UTF-8 text has no zero bytes,
+    and decoding UTF-16 as UTF-8 would give half NUL characters); else UTF-8."""
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            return encoding
+    head = data[: 1 << 16]  # 64 KiB tell as well as the whole file
+    even, odd = head[0::2].count(0), head[1::2].count(0)
+    if odd > len(head) // 4 > even:
+        return "utf-16-le"
+    if even > len(head) // 4 > odd:
+        return "utf-16-be"
+    return "utf-8"
+
+
 def read_text_file(path: Path) -> str:
     data = path.read_bytes()
+    encoding = text_encoding(data)
+    if not encoding.startswith("utf-8"):
+        print(f"note: {path} is {encoding.upper()} text, not UTF-8; decoding it as {encoding.upper()}",
+              file=sys.stderr)
     try:
-        return data.decode("utf-8")
+        return data.decode(encoding)
     except UnicodeDecodeError:
-        text = data.decode("utf-8", errors="replace")
+        text = data.decode(encoding, errors="replace")
         # U+FFFD that was already in the file is not a replacement; count only the new ones.
-        bad = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+        bad = text.count("\ufffd") - data.decode(encoding, errors="ignore").count("\ufffd")
         print(f"warning: {path}: {bad} undecodable byte sequence(s) replaced with U+FFFD "
-              "(the file is not valid UTF-8)", file=sys.stderr)
+              f"(the file is not valid {encoding.upper()})", file=sys.stderr)
         return text
 
 

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=1, help="how many blocks to show module by module")
     args = parser.parse_args(argv)
     from configs import load_config
+    from data.manifest import read_manifest
 
     from . import GPT
     from .trace import shape_trace
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = cfg.vocab_size
     manifest = Path(cfg.data_root) / cfg.dataset / "manifest.json"
     if not vocab and manifest.is_file():
-        vocab = json.loads(manifest.read_text())["vocab_size"]
+        vocab = read_manifest(manifest)["vocab_size"]
     if not vocab:  # not prepared yet: the two tokenizers' sizes
         vocab = 65 if "char" in cfg.dataset else 50257
     model = GPT(cfg.model_config(vocab))
