@@ -244,6 +244,7 @@ def bench_train(args: argparse.Namespace) -> None:
     from optim import configure_optimizer
     from runtime import setup
     from train import forward_backward, optimizer_step
+    from data.manifest import read_dataset_manifest
     from trainrun import build_model, dataset_dir
 
     if args.iters < 1 or args.warmup < 0 or args.block < 1:
@@ -257,8 +258,7 @@ def bench_train(args: argparse.Namespace) -> None:
     rt = setup(cfg)
     with contextlib.redirect_stdout(sys.stderr):  # stdout is for JSON lines only
         ds_dir = dataset_dir(cfg)
-    vocab = json.loads((ds_dir / "manifest.json").read_text())["vocab_size"]
-    ours, cfg = build_model(cfg, vocab, None)  # on CPU: also the weights plain starts from
+    ours, cfg = build_model(cfg, read_dataset_manifest(ds_dir), None)  # on CPU: also the weights plain starts from
     flops_per_token = ours.flops_per_token(cfg.block_size)
     micro = cfg.batch_size * cfg.block_size
     tokens_per_step = cfg.tokens_per_step or micro

@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from checkpoint import atomic_write, write_errors
 from errors import UserError
 
 
@@ -41,8 +43,7 @@ class RunLog:
                     self.wandb_has = max(self.wandb_has, rec.get("step", -1))
                     if rec.get("step", 0) <= resume_step:
                         self.records.append(rec)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "w") as f:
+        with write_errors(self.path), open(self.path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in self.records)
         self.wandb: Any = None
         self.plotted_at, self.plot_cost = 0.0, 0.5
@@ -67,7 +68,7 @@ class RunLog:
 
     def log(self, record: dict[str, Any]) -> None:
         self.records.append(record)
-        with open(self.path, "a") as f:
+        with write_errors(self.path), open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.wandb is not None and record["step"] > self.wandb_has:
             self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None},
@@ -87,8 +88,13 @@ class RunLog:
         if not force and time.time() - self.plotted_at < 30:
             return None
         self.plotted_at = time.time()
+        failing = sys.exc_info()[1] is not None  # called from a `finally` while an error is on its way out
         try:
             return self._plot()
+        except UserError as e:  # a full disk: not worth failing the run for, nor worth hiding its error
+            if not failing:
+                print(f"note: {e}", file=sys.stderr)
+            return None
         finally:
             self.plot_cost = time.time() - self.plotted_at  # for max_time's reserve
 
@@ -115,8 +121,10 @@ class RunLog:
         ax.legend()
         fig.tight_layout()
         path = self.out_dir / "loss.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        try:
+            atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+        finally:
+            plt.close(fig)
         return path
 
     def close(self, exit_code: int = 0) -> None:

@@ -16,13 +16,15 @@ Parameters and optimizer state always stay float32; autocast only lowers the mat
 from __future__ import annotations
 
 import contextlib
+import datetime
 import importlib.util
 import os
 import random
+import re
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,6 +202,21 @@ class Runtime:
         if self.ddp:
             torch.distributed.barrier()
 
+    @contextlib.contextmanager
+    def peer_failures(self) -> Iterator[None]:
+        """Under DDP, a collective that timed out (a hung or stopped process: --ddp-timeout) or lost
+        its peer (a dead one) becomes one line instead of a traceback per process."""
+        try:
+            yield
+        except RuntimeError as e:
+            # NCCL raises DistError; gloo a plain RuntimeError whose message names its source file
+            if not self.ddp or not (isinstance(e, torch.distributed.DistError) or "gloo" in str(e)):
+                raise
+            reason = re.sub(r"^\[[^\]]*\] ", "", str(e).strip().splitlines()[0])[:200]
+            raise UserError(f"process {self.rank} of {self.world_size}: {reason}; another process hung, stopped or "
+                            "died (see its output), or took longer than --ddp-timeout; restart it, with --resume "
+                            "if it saved a checkpoint") from None
+
     def close(self) -> None:
         if self.ddp and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -237,19 +254,19 @@ def seed_everything(seed: int) -> None:
 
 
 def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: int | None = 1337,
-          training: bool = True) -> Runtime:
+          training: bool = True, ddp_timeout: float = 600.0) -> Runtime:
     """Decide device, precision and compilation (plan), seed the RNGs, join the process group
     under torchrun.
 
-    `cfg` is anything with .device, .dtype, .seed, .threads and .compile (a TrainConfig); without
-    one the keyword arguments are used and nothing is compiled. Each rank seeds with seed + rank
+    `cfg` is anything with .device, .dtype, .seed, .threads, .compile and .ddp_timeout (a
+    TrainConfig); without one the keyword arguments are used and nothing is compiled. Each rank seeds with seed + rank
     so dropout masks differ between ranks; the weights still start identical because DDP
     broadcasts rank 0's at wrap time. training=False (sampling) keeps dtype auto at float32 on
     CPU: bf16 speeds up training steps there, but one-token decode steps run faster in float32.
     """
     compile = False
     if cfg is not None:
-        device, dtype, seed, compile = cfg.device, cfg.dtype, cfg.seed, cfg.compile
+        device, dtype, seed, compile, ddp_timeout = cfg.device, cfg.dtype, cfg.seed, cfg.compile, cfg.ddp_timeout
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -263,11 +280,14 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
         import torch.distributed as dist
 
         if not dist.is_initialized():
+            # A collective that waits longer than this fails (NCCL's watchdog ends the process), so a
+            # hung or SIGSTOPped rank ends the job instead of stalling the others forever.
+            timeout = datetime.timedelta(seconds=ddp_timeout)
             if device_type == "cuda":
                 torch.cuda.set_device(dev)
-                dist.init_process_group("nccl", device_id=torch.device(dev))
+                dist.init_process_group("nccl", device_id=torch.device(dev), timeout=timeout)
             else:
-                dist.init_process_group("gloo")
+                dist.init_process_group("gloo", timeout=timeout)
     if device_type == "cuda":
         torch.cuda.set_device(dev)
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: ~free speed on Ampere+
@@ -340,7 +360,7 @@ class TrainModule:
 
 
 class StopSignal:
-    """SIGINT/SIGTERM set a flag; the loop finishes its step, evaluates, saves and exits.
+    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves, evaluates and exits.
 
     A second Ctrl-C quits at once (single process only: under torchrun every worker gets the
     signal from the terminal and again from torchrun, which must not count as a second press)."""
@@ -361,7 +381,7 @@ class StopSignal:
             raise KeyboardInterrupt
         if not self.name:
             self.name = signal.Signals(signum).name
-            print(f"\n{self.name}: finishing this step, then eval + save (Ctrl-C again to quit without saving)",
+            print(f"\n{self.name}: finishing this step, then save + eval (Ctrl-C again to quit without saving)",
                   file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: Any) -> None:

@@ -12,14 +12,16 @@ r"""Sample text from a trained GPT, streaming tokens to the terminal as they are
     python sample.py --init-from gpt2 --prompt "Hello"   # a hub id (cache first), a HF GPT-2 dir or a run dir
     python sample.py --prompt "ROMEO: O" --show-attention attn.png --layer 0 --max-new-tokens 0
 
-The tokenizer is rebuilt from the manifest.json saved in the run dir (or in an exported HF
-directory); other Hugging Face GPT-2 directories and hub ids use GPT-2 BPE. A run dir's best.pt
-is used when there is one (the lowest val loss), else its ckpt.pt.
+The tokenizer is rebuilt from the data manifest stored in the checkpoint (the run dir's
+manifest.json must agree with it), or in an exported HF directory's manifest.json; other Hugging
+Face GPT-2 directories and hub ids use GPT-2 BPE. A run dir's best.pt is used when there is one
+(the lowest val loss), else its ckpt.pt.
 "\n", "\t", "\\" in --prompt, --prompt-file lines (blank ones skipped) and --stop mean newline,
 tab, backslash; a stdin prompt is verbatim, minus the trailing newline `echo` adds. An empty
-prompt starts from the end-of-text token (BPE) or a newline (char vocabularies). A sample ends
-at the end-of-text token (not printed) or right after the first --stop string in its new text
-(the stop string is kept, what follows is cut).
+prompt starts from the end-of-text token (BPE) or a newline (char vocabularies; the first
+character for a corpus without one). A sample ends at the end-of-text token (not printed) or
+right after the first --stop string in its new text (the stop string is kept, what follows is
+cut).
 
 Output: one sample (one prompt, --num-samples 1) streams: the prompt, then each piece of text as
 soon as it is decoded (BPE bytes pass an incremental UTF-8 decoder, so a character split across
@@ -135,7 +137,8 @@ def generate_texts(model, tok, rows: Sequence[Sequence[int]], max_new_tokens: in
 
 def load(args: argparse.Namespace):
     """(model on CPU in eval mode, tokenizer) from --init-from, --ckpt, --config or out/small."""
-    from checkpoint import find_checkpoint, is_checkpoint, load_model, read_manifest
+    from checkpoint import checkpoint_manifest, find_checkpoint, is_checkpoint, load_model
+    from data.manifest import read_manifest
     from data.tokenizer import tokenizer_from_manifest
 
     where = args.ckpt
@@ -144,7 +147,9 @@ def load(args: argparse.Namespace):
 
         where = resolve_init_from(args.init_from)
         if not is_checkpoint(where):  # a Hugging Face directory: GPT-2 BPE unless we exported it
-            model, tok = load_hf_gpt2(where).eval(), tokenizer_from_manifest(read_manifest(where, GPT2_MANIFEST))
+            ours = where / "manifest.json"
+            manifest = read_manifest(ours) if ours.is_file() else GPT2_MANIFEST
+            model, tok = load_hf_gpt2(where).eval(), tokenizer_from_manifest(manifest)
             check_vocab(model, tok, str(where))
             return model, tok
     if args.config:
@@ -155,7 +160,7 @@ def load(args: argparse.Namespace):
             raise UserError(f"no checkpoint in {where}; train one first: `python train.py --config {args.config}`")
     path = find_checkpoint(where, best=True)
     model, ckpt = load_model(path)
-    tok = tokenizer_from_manifest(read_manifest(path.parent, ckpt.get("manifest")))
+    tok = tokenizer_from_manifest(checkpoint_manifest(path, ckpt))
     train_config = ckpt.get("train_config")
     declared = train_config.get("vocab_size") if isinstance(train_config, dict) else None
     check_vocab(model, tok, str(path), declared)
@@ -170,8 +175,8 @@ def check_vocab(model, tok, where: str, declared: int | None = None) -> None:
     if V == tv:
         return
     if not (tv < V and (declared == V or (V % 64 == 0 and V - tv < 64))):
-        raise UserError(f"{where}: model vocab_size {V} does not match the manifest's {tok.name} tokenizer "
-                        f"({tv} tokens); the run dir's manifest.json is not the dataset it was trained on")
+        raise UserError(f"{where}: the model's vocabulary ({V} tokens) does not fit the {tok.name} tokenizer "
+                        f"({tv} tokens) it would sample with; sample a model trained with that tokenizer")
     pad = torch.arange(tv, V)
     model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, pad.to(out.device), float("-inf")))
 
@@ -198,12 +203,10 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 def encode_prompt(tok, text: str, block_size: int) -> list[int]:
     if not text:
-        if tok.eot_id is not None:
-            note("empty prompt: starting from the end-of-text token")
-            return [tok.eot_id]
-        start = "\n" if "\n" in getattr(tok, "chars", []) else tok.decode([0])
-        note(f"empty prompt: starting from {'a newline' if start == chr(10) else repr(start)}")
-        return tok.encode(start)
+        start = tok.decode([tok.start_id])
+        what = "the end-of-text token" if tok.start_id == tok.eot_id else "a newline" if start == "\n" else repr(start)
+        note(f"empty prompt: starting from {what}")
+        return [tok.start_id]
     try:
         ids = tok.encode(text)
     except UserError as e:
@@ -275,11 +278,14 @@ def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
     fig.suptitle(f"attention weights, layer {layer} (of 0..{n_layer - 1}), {T} prompt tokens")
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="weight")
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=110)
     except ValueError as e:  # an extension matplotlib cannot write
         raise UserError(f"--show-attention {path}: {e}") from None
+    except OSError as e:
+        raise UserError(f"--show-attention {path}: cannot write there ({e.strerror}: {e.filename}); "
+                        "pick another path") from None
     finally:
         plt.close(fig)
     return out

@@ -34,7 +34,7 @@ import torch
 from tqdm import tqdm
 
 from budget import TimeBudget
-from checkpoint import BEST_NAME, CKPT_NAME, keep_best
+from checkpoint import BEST_NAME, CKPT_NAME, keep_best, lock_run_dir
 from cli import ArgumentParser
 from configs import TrainConfig, parse_config
 from data.loader import GlobalBatchLoader
@@ -156,7 +156,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     try:
         if cfg.eval_only:
             return eval_only(cfg, rt)
-        with StopSignal(escalate=not rt.ddp) as stop:
+        # only rank 0 writes the run dir; its lock keeps a second run out
+        with lock_run_dir(cfg.run_dir) if rt.is_master else contextlib.nullcontext(), \
+                StopSignal(escalate=not rt.ddp) as stop, rt.peer_failures():
             run = start_run(cfg, rt, t_start)
             stopped = None
             try:

@@ -4,7 +4,6 @@ its state (Run, RunState), and how it is evaluated and saved. train.py's loop dr
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -15,6 +14,8 @@ import torch
 
 from checkpoint import CKPT_NAME, capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint, write_json
 from configs import TrainConfig, model_fields
+from data import tokenizer_from_manifest
+from data.manifest import VOCABULARY, differences, read_dataset_manifest
 from errors import UserError
 from optim import configure_optimizer
 from runlog import RunLog
@@ -23,25 +24,30 @@ from runtime import Runtime, TrainModule
 
 # The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
 ARCH_FIELDS = tuple(k for k in model_fields() if k not in ("dropout", "block_size"))
+RESUME_KEYS = ("model", "train_config", "optimizer", "scaler", "step", "loader", "rng", "best_val", "manifest")
 
 
-
-def build_model(cfg: TrainConfig, vocab_size: int, ckpt: dict | None) -> tuple[torch.nn.Module, TrainConfig]:
+def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> tuple[torch.nn.Module, TrainConfig]:
     """The GPT for this run: the resumed checkpoint's, --init-from weights, or fresh from cfg.
 
     Weights from a checkpoint or a pretrained model bring their architecture (cfg's model fields
     are updated to match and the difference is printed); dropout always comes from cfg."""
-    from checkpoint import model_from_checkpoint
+    from checkpoint import find_checkpoint, model_from_checkpoint
     from model import GPT
 
-    source, src = ("checkpoint", ckpt) if ckpt is not None else (cfg.init_from, None)
+    src, vocab_size = ckpt, manifest["vocab_size"]
+    source: str | Path = cfg.run_dir / CKPT_NAME if ckpt is not None else cfg.init_from
     if ckpt is None and cfg.init_from:
         from checkpoint import is_checkpoint
         from model.hf import load_hf_gpt2, resolve_init_from
 
         path = resolve_init_from(cfg.init_from)  # a run of ours, a HF GPT-2 dir, or a hub id from the HF cache
         if is_checkpoint(path):
-            src = load_checkpoint(path, best=True)
+            source = find_checkpoint(path, best=True)
+            src = load_checkpoint(source)
+            if src.get("manifest") and (changes := differences(src["manifest"], manifest, VOCABULARY)):
+                raise UserError(f"--init-from {source}: it was trained with another vocabulary than dataset "
+                                f"{cfg.dataset}'s ({', '.join(changes)}); fine-tune on data of its tokenizer")
         else:
             model = load_hf_gpt2(path, dropout=cfg.dropout)
     if src is not None:
@@ -70,12 +76,12 @@ def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     if rt.ddp:
         raise UserError("--eval-only runs in one process; start it with python, not torchrun")
     ds_dir = dataset_dir(cfg)
-    manifest = json.loads((ds_dir / "manifest.json").read_text())
+    manifest = read_dataset_manifest(ds_dir)
     if not cfg.init_from and not is_checkpoint(cfg.run_dir):
         raise UserError(f"--eval-only: no checkpoint in {cfg.run_dir}; train one first, or pass --init-from "
                         "(a run dir, a Hugging Face GPT-2 dir or a hub id such as gpt2)")
     ckpt = None if cfg.init_from else load_checkpoint(cfg.run_dir, best=True)
-    model, cfg = build_model(replace(cfg, eval_iters=0), manifest["vocab_size"], ckpt)
+    model, cfg = build_model(replace(cfg, eval_iters=0), manifest, ckpt)
     losses = evaluate(model.to(rt.device), ds_dir, cfg, rt)
     print(f"{cfg.init_from or cfg.run_dir} on {cfg.dataset} (block_size {cfg.block_size}):")
     for split, extent in (("val", "the whole split"), ("train", "as many windows")):
@@ -84,11 +90,19 @@ def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     return {**losses, "stopped": "eval_only"}
 
 
-def check_resumable(cfg: TrainConfig, ckpt: dict, path: Path) -> None:
+def check_resumable(cfg: TrainConfig, ckpt: dict, path: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a checkpoint --resume cannot continue exactly: incomplete, or from other data."""
+    if missing := [k for k in RESUME_KEYS if k not in ckpt]:
+        raise UserError(f"cannot resume {path}: its checkpoint has no {', '.join(missing)} (not saved by train.py, "
+                        f"or damaged); use --init-from {path} to start from its weights")
     saved = ckpt["train_config"]
     if saved.get("dataset") != cfg.dataset:
         raise UserError(f"cannot resume {path}: it trained on {saved.get('dataset')!r}, this run asks for "
                         f"{cfg.dataset!r}; drop --resume, or use --init-from {path} to fine-tune")
+    if changes := differences(ckpt["manifest"], manifest):
+        raise UserError(f"cannot resume {path}: dataset {cfg.dataset} was prepared again since it was saved "
+                        f"({', '.join(changes)}), so its token ids mean other text; prepare the data it trained "
+                        "on again, or train afresh without --resume")
     ignore = {"resume", "init_from", *ARCH_FIELDS}  # the checkpoint's architecture wins anyway
     changes = [f"{k} {saved[k]!r} -> {v!r}" for k, v in cfg.to_dict().items()
                if k in saved and k not in ignore and saved[k] != v]
@@ -138,13 +152,10 @@ def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime
 
 @torch.no_grad()
 def sample_text(model: torch.nn.Module, manifest: dict[str, Any], n_tokens: int, rt: Runtime, seed: int) -> str:
-    """One sample from a newline (char) or end-of-text (BPE) prompt, with its own generator so
-    the training RNG streams are untouched (exact resume does not depend on sampling)."""
-    from data import tokenizer_from_manifest
-
+    """One sample from the tokenizer's start token (end-of-text, else a newline), with its own
+    generator so the training RNG streams are untouched (exact resume does not depend on sampling)."""
     tok = tokenizer_from_manifest(manifest)
-    start = tok.eot_id if tok.eot_id is not None else tok.encode("\n")[0]
-    idx = torch.tensor([[start]], dtype=torch.long, device=rt.device)
+    idx = torch.tensor([[tok.start_id]], dtype=torch.long, device=rt.device)
     gen = torch.Generator(device=rt.device).manual_seed(seed)
     with rt.autocast():
         ids = [int(t[0]) for t in model.generate(idx, n_tokens, temperature=0.8, top_k=200, generator=gen)]
@@ -207,13 +218,14 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     ds_dir = dataset_dir(cfg) if master else None
     rt.barrier()  # rank 0 prepared the data (idempotent); the others now just find it
     ds_dir = ds_dir or dataset_dir(cfg)
-    manifest = json.loads((ds_dir / "manifest.json").read_text())
+    manifest = read_dataset_manifest(ds_dir)
+    tokenizer_from_manifest(manifest)  # fails now, not at the end-of-run sample, if it cannot be built
     ckpt = load_checkpoint(run_dir / CKPT_NAME) if cfg.resume else None
     if ckpt is not None:
-        check_resumable(cfg, ckpt, run_dir)
+        check_resumable(cfg, ckpt, run_dir, manifest)
     elif master and (run_dir / CKPT_NAME).is_file():
         print(f"note: starting fresh; this run will overwrite {run_dir / CKPT_NAME} (--resume continues it)")
-    model, cfg = build_model(cfg, manifest["vocab_size"], ckpt)
+    model, cfg = build_model(cfg, manifest, ckpt)
     model.to(rt.device)
     optimizer = configure_optimizer(model, cfg, fused=rt.plan.fused_adamw)
     micro_tokens = cfg.batch_size * cfg.block_size * rt.world_size
@@ -226,9 +238,13 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
                                rt.rank, rt.world_size, rt.device, cfg.seed, cfg.sampling)
     state = RunState()
     if ckpt is not None:
-        optimizer.load_state_dict(ckpt["optimizer"])
-        rt.scaler.load_state_dict(ckpt["scaler"])
-        loader.load_state_dict(ckpt["loader"])
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+            rt.scaler.load_state_dict(ckpt["scaler"])
+            loader.load_state_dict(ckpt["loader"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+            raise UserError(f"cannot resume {run_dir}: its optimizer state does not fit this run ({e}); resume with "
+                            f"the --optimizer it was saved with, or use --init-from {run_dir}") from None
         state = RunState(step=ckpt["step"], best_val=ckpt["best_val"], saved_at=ckpt["step"],
                          wandb_id=ckpt.get("wandb_id"))
     train_model = TrainModule(model, rt)  # compiled (or not) and DDP-wrapped

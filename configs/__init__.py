@@ -97,6 +97,8 @@ class TrainConfig:
     compile: bool = _field(False, "torch.compile the model (slow start, faster steps on GPU)")
     threads: int = _field(0, "CPU threads for torch; 0 = torch's default (all cores)")
     seed: int = _field(1337, "seed of every random stream (each DDP rank adds its rank)")
+    ddp_timeout: float = _field(600.0, "seconds a process waits for the others; then a hung or stopped one "
+                                "ends the job")
     out_dir: str = _field("", "the run directory; empty = out/<name>")
     resume: bool = _field(False, "continue from out_dir/ckpt.pt")
     init_from: str = _field("", "start from a run dir of ours, a local HF GPT-2 dir or a hub id (gpt2, "
@@ -108,7 +110,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.model_config(vocab_size=1)  # GPTConfig validates the model fields
-        positive = ("batch_size", "max_iters", "eval_interval", "log_interval")
+        positive = ("batch_size", "max_iters", "eval_interval", "log_interval", "ddp_timeout")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be positive, got {getattr(self, name)}")

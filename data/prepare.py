@@ -52,9 +52,9 @@ import numpy as np
 from cli import ArgumentParser, Flag, integer, number, one_of
 from errors import UserError, entry_point
 
+from .manifest import read_dataset_manifest
 from .sources import Source, dataset_source, files_source, split_name, text_source
-from .tokenfile import (VERSION, dtype_for_vocab, read_header, read_tokens, truncate_tokens,
-                        write_tokens)
+from .tokenfile import VERSION, dtype_for_vocab, read_tokens, truncate_tokens, write_tokens
 from .tokenizer import TOKENIZERS, Tokenizer, get_tokenizer, tokenizer_from_manifest
 
 DEFAULT_ROOT = Path("data/prepared")
@@ -126,16 +126,10 @@ def _request(source: Source, tokenizer: str, val_fraction: float) -> dict[str, A
 
 def _reusable(out_dir: Path, want: dict[str, Any]) -> dict[str, Any] | None:
     try:
-        manifest = json.loads((out_dir / "manifest.json").read_text())
-        if any(manifest.get(k) != v for k, v in want.items()):
-            return None
-        for split in ("train", "val"):
-            dtype, count = read_header(out_dir / f"{split}.bin")
-            if count != manifest[f"{split}_tokens"] or dtype.name != manifest["dtype"]:
-                return None
-        return manifest
-    except (OSError, ValueError, KeyError, UserError):
+        manifest = read_dataset_manifest(out_dir)
+    except UserError:  # missing, damaged or inconsistent: rebuild
         return None
+    return manifest if all(manifest.get(k) == v for k, v in want.items()) else None
 
 
 def _encode(tok: Tokenizer, docs: list[str], separate: bool) -> np.ndarray:

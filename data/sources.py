@@ -4,14 +4,18 @@ A ``Source`` yields documents (strings) and describes itself for the manifest. L
 also know the sha256 of their raw bytes up front, so ``prepare`` can tell cheaply whether a
 prepared dataset is still current. Local files are streamed (no copy in the datasets cache);
 compressed files (.gz, .bz2, .xz, .zst) are decompressed on the fly by datasets. Text is read
-as UTF-8 with undecodable bytes replaced by U+FFFD (rejecting a large scraped corpus over a few
-bad bytes helps nobody) and universal newlines ("\\r\\n" becomes "\\n").
+as UTF-8 (or UTF-16/32, recognised by a byte-order mark or by its zero bytes) with undecodable
+bytes replaced by U+FFFD (rejecting a large scraped corpus over a few bad bytes helps nobody)
+and universal newlines ("\\r\\n" becomes "\\n").
 """
 
 from __future__ import annotations
 
+import codecs
 import hashlib
+import itertools
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +86,30 @@ def _open(where: str, fix: str, load: Callable[..., Any], *args: Any, offline: b
         datasets.config.HF_HUB_OFFLINE = saved
 
 
+# UTF-32 LE first: its byte-order mark starts with UTF-16 LE's
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def text_encoding(path: Path) -> str:
+    """A text file's encoding: its byte-order mark's; UTF-16 without one when most character
+    pairs have a zero high byte (Latin text in UTF-16; UTF-8 text has no zero bytes, and reading
+    UTF-16 as UTF-8 would give half NUL characters); else UTF-8. Compressed files: UTF-8."""
+    if split_name(path)[0] + split_name(path)[1] != path.name:
+        return "utf-8"
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)  # 64 KiB tell as well as the whole file
+    for bom, encoding in _BOMS:
+        if head.startswith(bom):
+            return encoding
+    even, odd = head[0::2].count(0), head[1::2].count(0)
+    if odd > len(head) // 4 > even:
+        return "utf-16-le"
+    if even > len(head) // 4 > odd:
+        return "utf-16-be"
+    return "utf-8"
+
+
 def _column_texts(ds: Any, column: str, where: str) -> Iterator[str]:
     """The ``column`` of each row of a datasets (Iterable)Dataset; skips empty cells."""
     columns = ds.column_names  # None for some streamed datasets: then checked on the first batch
@@ -111,10 +139,24 @@ def _column_texts(ds: Any, column: str, where: str) -> Iterator[str]:
 def _read_files(builder: str, files: list[Path], column: str, where: str) -> Iterator[str]:
     import datasets
 
-    options = _TEXT_OPTIONS if builder == "text" else {}
-    ds = _open(where, "check the files' format", datasets.load_dataset, builder,
-               data_files=[str(p) for p in files], split="train", streaming=True, **options)
-    return _column_texts(ds, "text" if builder == "text" else column, where)
+    if builder != "text":
+        ds = _open(where, "check the files' format", datasets.load_dataset, builder,
+                   data_files=[str(p) for p in files], split="train", streaming=True)
+        return _column_texts(ds, column, where)
+    return itertools.chain.from_iterable(_read_text(p, where) for p in files)
+
+
+def _read_text(path: Path, where: str) -> Iterator[str]:
+    """One text file as one document, in the encoding text_encoding finds."""
+    import datasets
+
+    encoding = text_encoding(path)
+    if not encoding.startswith("utf-8"):
+        print(f"note: {path} is {encoding.upper()} text, not UTF-8; decoding it as {encoding.upper()}",
+              file=sys.stderr)
+    ds = _open(where, "check the file", datasets.load_dataset, "text", data_files=[str(path)], split="train",
+               streaming=True, encoding=encoding, **_TEXT_OPTIONS)
+    return _column_texts(ds, "text", where)
 
 
 def text_source(path: str | os.PathLike) -> Source:

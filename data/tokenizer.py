@@ -1,6 +1,7 @@
 """Tokenizers: character-level and GPT-2 BPE behind one small interface.
 
-Every tokenizer has ``name``, ``vocab_size``, ``eot_id`` (None when there is none),
+Every tokenizer has ``name``, ``vocab_size``, ``eot_id`` (None when there is none), ``start_id``
+(where an unprompted sample starts: end-of-text, else a newline, else the first character),
 ``encode(text) -> list[int]``, ``decode(ids) -> str``, plus ``encode_array`` (numpy fast path)
 and ``decode_bytes`` (for streaming output). The trainer and sampler never guess which one
 a dataset used: they rebuild it from the dataset's manifest with ``tokenizer_from_manifest``.
@@ -46,6 +47,7 @@ class Tokenizer(Protocol):
     name: str
     vocab_size: int
     eot_id: int | None
+    start_id: int
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: Iterable[int]) -> str: ...
@@ -73,6 +75,7 @@ class CharTokenizer:
         self.chars = chars
         self.vocab_size = len(chars)
         self._stoi = {c: i for i, c in enumerate(chars)}
+        self.start_id = self._stoi.get("\n", 0)  # a corpus may have no newline
         self._codepoints = np.array([ord(c) for c in chars], dtype=np.uint32)
 
     @classmethod
@@ -112,6 +115,7 @@ class GPT2Tokenizer:
 
     name = "gpt2"
     eot_id: int | None = GPT2_EOT_ID
+    start_id = GPT2_EOT_ID
     vocab_size = GPT2_VOCAB_SIZE
 
     def __init__(self) -> None:
@@ -251,7 +255,10 @@ def tokenizer_from_manifest(manifest: dict[str, Any]) -> Tokenizer:
         if not chars:
             raise UserError("manifest says tokenizer 'char' but has no 'chars'; "
                             "re-run `python -m data.prepare`")
-        tok: Tokenizer = CharTokenizer(chars)
+        try:
+            tok: Tokenizer = CharTokenizer(chars)
+        except ValueError as e:
+            raise UserError(f"manifest 'chars' is unusable ({e}); re-run `python -m data.prepare`") from None
     elif name == "gpt2":
         tok = GPT2Tokenizer()
     else:

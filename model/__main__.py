@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from errors import entry_point
 def main(argv: list[str] | None = None) -> int:
     from cli import ArgumentParser, integer
     from configs import available_configs, load_config
+    from data.manifest import read_manifest
 
     parser = ArgumentParser(prog="python -m model", description=__doc__)
     parser.add_argument("--config", default="small", metavar="NAME|FILE|RUN_DIR",
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = cfg.vocab_size
     manifest = Path(cfg.data_root) / cfg.dataset / "manifest.json"
     if not vocab and manifest.is_file():
-        vocab = json.loads(manifest.read_text())["vocab_size"]
+        vocab = read_manifest(manifest)["vocab_size"]
     if not vocab:  # not prepared yet: the two tokenizers' sizes
         vocab = 65 if "char" in cfg.dataset else 50257
     model = GPT(cfg.model_config(vocab))

@@ -190,14 +190,14 @@ def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_
 def export_run(run: str | Path, out: str | Path) -> Path:
     """A run directory (its best.pt, else ckpt.pt) or a .pt file as a HF directory: weights, configs, the run's tokenizer in
     transformers' format, and our manifest.json (so --init-from OUT gets the same tokenizer back)."""
-    from checkpoint import find_checkpoint, load_model, read_manifest, write_json
+    from checkpoint import checkpoint_manifest, find_checkpoint, load_model, write_json
     from data.tokenizer import save_hf_tokenizer, tokenizer_from_manifest
 
     ckpt_path = find_checkpoint(run, best=True)
     if Path(out).resolve() == ckpt_path.parent.resolve():
         raise UserError(f"export {run} into another directory: its config.json is not Hugging Face's")
     model, ckpt = load_model(ckpt_path)
-    manifest = read_manifest(ckpt_path.parent, ckpt.get("manifest"))
+    manifest = checkpoint_manifest(ckpt_path, ckpt)
     tok = tokenizer_from_manifest(manifest)
     check_exportable(model.config)  # before anything is written
     save_hf_tokenizer(tok, out, model.config.block_size)

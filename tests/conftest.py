@@ -33,3 +33,13 @@ def network_calls(monkeypatch) -> list:
     monkeypatch.setattr(socket, "getaddrinfo", lookup)
     monkeypatch.setattr(socket.socket, "connect", connect)
     return calls
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory):
+    """shakespeare_char prepared once for the session (train.py's tests read it)."""
+    from data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("prepared")
+    prepare("shakespeare_char", out_root=root, verbose=False)
+    return root

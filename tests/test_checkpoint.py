@@ -1,16 +1,22 @@
 """Checkpoints: atomic writes, safe loads, RNG capture, clear errors."""
 
+import argparse
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import checkpoint
-from checkpoint import (capture_rng_state, find_checkpoint, load_checkpoint, load_model, restore_rng_state,
-                        save_checkpoint)
+from checkpoint import (capture_rng_state, find_checkpoint, load_checkpoint, load_model, lock_run_dir,
+                        restore_rng_state, save_checkpoint)
 from errors import UserError
 from model import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _state(seed: int) -> dict:
@@ -49,7 +55,7 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", broken_save)
-    with pytest.raises(OSError):
+    with pytest.raises(UserError, match=r"could not write .*ckpt.pt \(No space left on device\); its previous"):
         save_checkpoint(tmp_path, _state(2))
     monkeypatch.setattr(torch, "save", real_save)
     assert load_checkpoint(tmp_path)["step"] == 1
@@ -65,3 +71,24 @@ def test_missing_and_corrupt_checkpoints_are_user_errors(tmp_path):
     torch.save({"weights": torch.zeros(1)}, tmp_path / "ckpt.pt")
     with pytest.raises(UserError, match="not a checkpoint of this project"):
         load_checkpoint(tmp_path)
+    torch.save({"model": {}, "args": argparse.Namespace()}, tmp_path / "ckpt.pt")
+    with pytest.raises(UserError, match=r"pickled Python objects \(argparse.Namespace\), which could run code") as e:
+        load_checkpoint(tmp_path)
+    assert "weights_only" not in str(e.value)  # torch's advice to load it anyway is wrong for an untrusted file
+
+
+def test_run_dir_lock_dies_with_its_process_and_its_temp_files_are_removed(tmp_path):
+    code = "import sys, time, checkpoint; lock = checkpoint.lock_run_dir(sys.argv[1]); print('locked'); time.sleep(60)"
+    holder = subprocess.Popen([sys.executable, "-u", "-c", code, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        with pytest.raises(UserError, match=rf"{tmp_path} is in use by another run \(pid {holder.pid}\)"):
+            lock_run_dir(tmp_path)
+        for name in ("ckpt.pt", "best.pt"):  # as if killed while saving
+            (tmp_path / f".{name}.{holder.pid}.tmp").write_bytes(b"half a checkpoint")
+    finally:
+        holder.kill()  # SIGKILL: no chance to clean up
+        holder.wait()
+    lock_run_dir(tmp_path).close()  # no stale lock
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]

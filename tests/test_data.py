@@ -15,6 +15,7 @@ import torch
 import data.prepare as prep
 from data import (BatchLoader, GlobalBatchLoader, eval_batches, get_tokenizer, read_tokens,
                   tokenizer_from_manifest, write_tokens)
+from data.manifest import read_dataset_manifest
 from data.tokenizer import (GPT2_ENCODER_JSON_HASH, GPT2_PAT_STR, GPT2_VOCAB_BPE_HASH,
                             _bundled_gpt2_files, _tiktoken_cache_has_gpt2)
 from errors import UserError
@@ -273,6 +274,40 @@ def test_undecodable_bytes_are_replaced(tmp_path):
     path.write_bytes(raw)
     ds = prep.prepare(text=path, tokenizer="char", out_root=tmp_path, verbose=False)
     assert _decoded(ds) == raw.decode("utf-8", "replace").replace("\r\n", "\n")
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-16", "utf-32", "utf-8-sig"])
+def test_utf16_and_byte_order_marks_are_decoded_not_read_as_nul_text(tmp_path, capsys, encoding):
+    text = "ROMEO: O, café naïve!\nJULIET: Ay me.\n" * 20
+    (tmp_path / "t.txt").write_bytes(text.encode(encoding))
+    ds = prep.prepare(text=tmp_path / "t.txt", tokenizer="char", out_root=tmp_path, verbose=False)
+    assert _decoded(ds) == text  # no NUL characters, no U+FEFF
+    named = encoding.upper() if encoding != "utf-8-sig" else None
+    assert (f"is {named} text, not UTF-8" in capsys.readouterr().err) if named else not capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, match", [
+    (b'{"tokenizer": "char", "voc', r"cannot read .*manifest.json \(Unterminated string"),
+    (b"[1, 2]", r"manifest.json is not a data manifest \(a JSON list, not an object\)"),
+    (bytes(range(256)), r"cannot read .*manifest.json \('utf-8' codec can't decode"),
+    (b'{"tokenizer": "char", "vocab_size": 65}', r"not a data manifest \(no valid chars\)"),
+])
+def test_a_damaged_manifest_is_one_user_error_and_a_preset_is_rebuilt(tmp_path, content, match):
+    ds = prep.prepare("shakespeare_char", out_root=tmp_path, verbose=False)
+    (ds / "manifest.json").write_bytes(content)
+    with pytest.raises(UserError, match=match):
+        read_dataset_manifest(ds)
+    assert prep.prepare("shakespeare_char", out_root=tmp_path, verbose=False) == ds
+    assert read_dataset_manifest(ds)["vocab_size"] == 65
+
+
+def test_token_files_of_another_preparation_are_refused(tmp_path):
+    for name, text in (("a", "abc def\n" * 50), ("b", "xyz, uvw!\n" * 70)):
+        (tmp_path / f"{name}.txt").write_text(text)
+        prep.prepare(text=tmp_path / f"{name}.txt", tokenizer="char", name=name, out_root=tmp_path, verbose=False)
+    (tmp_path / "a" / "train.bin").write_bytes((tmp_path / "b" / "train.bin").read_bytes())  # ids beyond a's vocab
+    with pytest.raises(UserError, match=r"a/train.bin \(630 uint16 tokens\) does not match its manifest.json \(360"):
+        read_dataset_manifest(tmp_path / "a")
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -216,12 +216,16 @@ def _wrong_shapes(run):
 @pytest.mark.parametrize("setup, extra, needle", [
     (None, ["--prompt", "ROMEO: ü€"], "'ü€'"),
     (_corrupt, [], "corrupt"),
-    (_wrong_manifest, [], "vocab_size"),
+    (_wrong_manifest, [], "does not fit the char tokenizer (3 tokens)"),
     (_wrong_shapes, [], "do not match"),
     (lambda run: (run / "manifest.json").unlink(), [], "manifest.json"),
+    (lambda run: (run / "manifest.json").write_text('{"tokenizer": "ch'), [], "Unterminated string"),
+    (lambda run: (run / "manifest.json").write_text("[1, 2]"), [], "a JSON list"),
+    (lambda run: (run / "manifest.json").write_bytes(bytes(range(256))), [], "can't decode"),
     (None, ["--top-p", "1.5"], "--top-p"),
     (None, ["--prompt", "A", "--show-attention", "x.png", "--layer", "7"], "--layer"),
-], ids=["unknown-chars", "corrupt", "vocab-mismatch", "shapes", "no-manifest", "bad-flag", "bad-layer"])
+], ids=["unknown-chars", "corrupt", "vocab-mismatch", "shapes", "no-manifest", "truncated-manifest", "list-manifest",
+        "binary-manifest", "bad-flag", "bad-layer"])
 def test_cli_errors_are_one_line_exit_2(tmp_path, capsys, setup, extra, needle):
     run = make_run(tmp_path)
     if setup:
@@ -248,6 +252,14 @@ def test_cli_bpe_model_from_hf_dir(tmp_path, capsys):
     assert sample.main([*argv, "--prompt", ""]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("Hello") and "end-of-text" in err
+
+
+def test_hf_model_with_a_smaller_vocabulary_than_gpt2_is_refused(tmp_path, capsys):
+    from model.hf import save_hf_gpt2
+
+    save_hf_gpt2(GPT(GPTConfig(vocab_size=100, block_size=16, n_layer=1, n_head=1, n_embd=8)), tmp_path / "hf")
+    assert sample.main(["--init-from", str(tmp_path / "hf"), "--prompt", "Hello world"]) == 2  # was an IndexError
+    assert "the model's vocabulary (100 tokens) does not fit the gpt2 tokenizer" in capsys.readouterr().err
 
 
 def test_show_attention_writes_a_png(tmp_path, capsys):

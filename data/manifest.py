@@ -1,0 +1,72 @@
+"""manifest.json, what a prepared dataset is: read and checked in one place, and compared
+wherever a model meets data (--resume, --init-from, sampling).
+
+A token id means something only under the vocabulary it was made with: a model resumed or
+sampled with another vocabulary produces confident nonsense, so every mismatch is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from errors import UserError
+
+from .tokenfile import read_header
+
+VOCABULARY = ("tokenizer", "vocab_size", "chars", "eot_id")  # what each token id means
+COUNTS = ("train_tokens", "val_tokens")
+REPREPARE = "re-run the `python -m data.prepare` command that made it"
+
+
+def check_manifest(manifest: Any, where: str, fix: str = REPREPARE) -> dict[str, Any]:
+    """manifest itself if it names a tokenizer and its vocabulary, else a UserError."""
+    if not isinstance(manifest, dict):
+        problem = f"a JSON {type(manifest).__name__}, not an object"
+    else:
+        wants = {"tokenizer": str, "vocab_size": int} | ({"chars": str} if manifest.get("tokenizer") == "char" else {})
+        bad = [k for k, kind in wants.items() if not isinstance(manifest.get(k), kind)]
+        problem = f"no valid {', '.join(bad)}" if bad else None
+    if problem:
+        raise UserError(f"{where} is not a data manifest ({problem}); {fix}")
+    return manifest
+
+
+def read_manifest(path: str | Path, fix: str = REPREPARE) -> dict[str, Any]:
+    """A manifest.json, checked; missing, truncated, binary or wrong-shaped files are one UserError."""
+    try:
+        manifest = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: bad JSON, or bytes that are not UTF-8
+        reason = e.strerror if isinstance(e, OSError) else str(e).splitlines()[0][:120]
+        raise UserError(f"cannot read {path} ({reason}); {fix}") from None
+    return check_manifest(manifest, str(path), fix)
+
+
+def read_dataset_manifest(ds_dir: str | Path) -> dict[str, Any]:
+    """A prepared dataset's manifest, checked against its token files' headers (32 bytes each), so
+    token files from another preparation (ids beyond this vocabulary) are refused before training."""
+    ds_dir = Path(ds_dir)
+    manifest = read_manifest(ds_dir / "manifest.json")
+    for split in ("train", "val"):
+        dtype, count = read_header(ds_dir / f"{split}.bin")
+        if (count, dtype.name) != (manifest.get(f"{split}_tokens"), manifest.get("dtype")):
+            raise UserError(f"{ds_dir / f'{split}.bin'} ({count:,} {dtype.name} tokens) does not match its "
+                            f"manifest.json ({manifest.get(f'{split}_tokens')} {manifest.get('dtype')}): the files "
+                            f"come from different preparations; {REPREPARE}")
+    return manifest
+
+
+def differences(old: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...] = VOCABULARY + COUNTS) -> list[str]:
+    """How new differs from old in keys, e.g. ["vocab_size 65 -> 58", "chars -'XZ' +'\\t'"]."""
+    changes = []
+    for key in keys:
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if key == "chars" and isinstance(a, str) and isinstance(b, str):
+            gone, added = "".join(sorted(set(a) - set(b))), "".join(sorted(set(b) - set(a)))
+            changes.append("chars" + (f" -{gone!r}" if gone else "") + (f" +{added!r}" if added else ""))
+        else:
+            changes.append(f"{key} {a!r} -> {b!r}")
+    return changes

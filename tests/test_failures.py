@@ -1,0 +1,153 @@
+"""What goes wrong around a run, tried as a user or an operator would: each failure is one
+`error:` line and exit 2, nothing saved is lost, and nothing trains or samples on the wrong data."""
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import sample
+import train
+from checkpoint import load_checkpoint, lock_run_dir
+from configs import load_config
+from data.prepare import prepare
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAKESPEARE = (ROOT / "data/corpora/tinyshakespeare/input.txt").read_text()
+
+
+def args(out_dir, data_root, *extra):
+    return ["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--max-iters", "2",
+            "--out-dir", str(out_dir), "--data-root", str(data_root), *extra]
+
+
+def fails(capsys, main, argv) -> str:
+    """Run an entry point that must refuse: exit 2 and exactly one `error:` line, returned."""
+    assert main(argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def prepare_text(root, name, text):
+    (root / f"{name}.txt").write_text(text)
+    return prepare(text=root / f"{name}.txt", tokenizer="char", name=name, out_root=root, verbose=False)
+
+
+def test_data_prepared_again_is_refused_at_resume_init_from_and_sampling(tmp_path, capsys):
+    root, run = tmp_path / "prepared", tmp_path / "run"
+    root.mkdir()
+    prepare_text(root, "mini", SHAKESPEARE[:3000])
+    assert train.main(args(run, root, "--dataset", "mini", "--block-size", "8")) == 0
+    new = prepare_text(root, "mini", SHAKESPEARE[:20000])  # six more characters: every id shifts
+    line = fails(capsys, train.main, args(run, root, "--dataset", "mini", "--block-size", "8", "--resume"))
+    assert "dataset mini was prepared again since it was saved (vocab_size 52 -> 58, chars +'DGJPqx'" in line
+    line = fails(capsys, train.main, args(tmp_path / "ft", root, "--dataset", "mini", "--init-from", str(run)))
+    assert "it was trained with another vocabulary" in line
+    (run / "manifest.json").write_bytes((new / "manifest.json").read_bytes())  # another run wrote it
+    line = fails(capsys, sample.main, ["--ckpt", str(run), "--max-new-tokens", "3"])
+    assert "manifest.json is not the data best.pt was trained on (vocab_size 52 -> 58" in line
+
+
+def test_a_second_run_on_a_run_dir_in_use_is_refused(tmp_path, data_root, capsys):
+    assert train.main(args(tmp_path, data_root)) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    with lock_run_dir(tmp_path):  # as if the first run were still training
+        line = fails(capsys, train.main, args(tmp_path, data_root, "--resume", "--max-iters", "4"))
+    assert f"{tmp_path} is in use by another run (pid {os.getpid()})" in line
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+def test_char_corpus_without_a_newline_trains_and_samples(tmp_path, capsys):
+    root = tmp_path / "prepared"
+    root.mkdir()
+    prepare_text(root, "flat", SHAKESPEARE[:5000].replace("\n", " "))
+    cfg = load_config("tiny", args(tmp_path / "run", root, "--dataset", "flat", "--sample-tokens", "16")[2:])
+    result = train.train(cfg)  # the end-of-run sample used to start from "\n" and fail here
+    assert len(result["sample"]) == 16
+    assert sample.main(["--ckpt", str(tmp_path / "run"), "--prompt", "", "--max-new-tokens", "4"]) == 0
+    assert "note: empty prompt: starting from ' '" in capsys.readouterr().err
+
+
+def test_disk_full_while_saving_is_one_line_and_keeps_the_last_checkpoint(tmp_path, data_root, monkeypatch, capsys):
+    real_save = torch.save
+
+    def save(obj, f, *a, **kw):
+        if isinstance(obj, dict) and obj.get("step") == 4:
+            f.write(b"PK\x03\x04 half a zip")  # some bytes land, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(torch, "save", save)
+    line = fails(capsys, train.main, args(tmp_path, data_root, "--max-iters", "6", "--eval-interval", "2"))
+    assert f"could not write {tmp_path / 'ckpt.pt'} (No space left on device); its previous version" in line
+    assert load_checkpoint(tmp_path)["step"] == 2
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("where, needle", [("file", "is a file, not a directory"),
+                                           ("file/run", "cannot be written (Not a directory")])
+def test_an_unusable_out_dir_is_one_line_before_training(tmp_path, data_root, capsys, where, needle):
+    (tmp_path / "file").write_text("not a directory")
+    assert needle in fails(capsys, train.main, args(tmp_path / where, data_root))
+
+
+def test_resume_refuses_incomplete_or_unfitting_checkpoints(tmp_path, data_root, capsys):
+    assert train.main(args(tmp_path, data_root)) == 0
+    line = fails(capsys, train.main, args(tmp_path, data_root, "--resume", "--optimizer", "muon"))
+    assert "its optimizer state does not fit this run" in line
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    ckpt["model_config"]["n_embd"] = 32
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    line = fails(capsys, train.main, args(tmp_path, data_root, "--resume"))
+    assert f"error: checkpoint {tmp_path / 'ckpt.pt'}: weights do not match its model_config" in line
+    del ckpt["optimizer"]
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    line = fails(capsys, train.main, args(tmp_path, data_root, "--resume"))
+    assert "its checkpoint has no optimizer" in line
+
+
+def test_show_attention_to_an_unwritable_path_is_one_line(tmp_path, data_root, capsys):
+    pytest.importorskip("matplotlib")
+    assert train.main(args(tmp_path, data_root)) == 0
+    png = tmp_path / "ckpt.pt" / "attn.png"  # below a file
+    argv = ["--ckpt", str(tmp_path), "--prompt", "ROMEO", "--show-attention", str(png), "--max-new-tokens", "0"]
+    assert "--show-attention" in fails(capsys, sample.main, argv)
+
+
+def test_ddp_a_stopped_process_ends_the_job_with_one_line(tmp_path, data_root):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    # long enough for rank 0's first eval on a busy machine, short enough for a test
+    cmd = [sys.executable, "train.py", *args(tmp_path, data_root, "--max-iters", "100000", "--eval-interval",
+                                             "100000", "--dtype", "float32", "--ddp-timeout", "8")]
+    logs = [open(tmp_path / f"rank{r}.log", "w+") for r in (0, 1)]
+    ranks = [subprocess.Popen(cmd, cwd=ROOT, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=logs[r],
+                              stderr=subprocess.STDOUT) for r in (0, 1)]
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "metrics.jsonl").is_file() or len((tmp_path / "metrics.jsonl").read_text()
+                                                                  .splitlines()) < 3:
+            assert time.time() < deadline and ranks[0].poll() is None, logs[0].name
+            time.sleep(0.2)
+        os.kill(ranks[1].pid, signal.SIGSTOP)  # training, in step with rank 0, then stopped
+        assert ranks[0].wait(timeout=120) == 2
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+    logs[0].seek(0)
+    out = logs[0].read()
+    assert "Traceback" not in out
+    assert out.splitlines()[-1].startswith("error: process 0 of 2: Timed out waiting 8000ms")
+    assert "--ddp-timeout" in out.splitlines()[-1]
