@@ -7,6 +7,8 @@
     python train.py --config runs/mine.toml        # TOML of field overrides, optionally base = "small"
     python train.py --config finetune_gpt2 --init-from models/gpt2   # a local Hugging Face GPT-2 dir
     torchrun --standalone --nproc_per_node=8 train.py --config gpt2
+    python train.py --config gpt2 --plan --gpu h100 --nproc 8   # memory and time on paper (plan.py)
+    python train.py --config gpt2 --batch-size auto # the largest micro-batch that fits, same global batch
     python train.py --help                         # every option, with its default
 
 Configs: configs/<name>.py; every field is a flag (--max-iters 200, --max_iters=200, --no-wandb).
@@ -208,6 +210,10 @@ def _train(cfg: TrainConfig, rt: Runtime, stop: StopSignal, t_start: float) -> d
     elif master and (run_dir / "ckpt.pt").is_file():
         print(f"note: starting fresh; this run will overwrite {run_dir / 'ckpt.pt'} (--resume continues it)")
     model, cfg = build_model(cfg, manifest["vocab_size"], ckpt)
+    if cfg.batch_size == 0:  # --batch-size auto (issue 14): sized from free memory, before the weights move there
+        from plan import auto_batch_size
+
+        cfg = auto_batch_size(cfg, model, rt)
     model.to(rt.device)
     optimizer = configure_optimizer(model, cfg, rt.device_type)
     micro_tokens = cfg.batch_size * cfg.block_size * rt.world_size
@@ -389,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
             name = arg.split("=", 1)[1]
         else:
             rest.append(arg)
+    if "--plan" in rest:  # issue 14: print sizes, memory and time (plan.py); nothing is trained
+        from plan import plan_command
+
+        return plan_command(name, rest)
     result = train(load_config(name, rest))
     return {"SIGINT": 130, "SIGTERM": 143}.get(result["stopped"], 0)
 

@@ -50,7 +50,7 @@ class TrainConfig:
     attention: Literal["sdpa", "explicit"] = "sdpa"  # same numbers; which kernel is faster depends on the device
     # optimisation: batch_size is per process; tokens_per_step is the global batch of one
     # optimizer step, reached by gradient accumulation (0 = one micro-batch per process)
-    batch_size: int = 12  # sequences per micro-batch per process
+    batch_size: int = 12  # sequences per micro-batch per process; auto (0) = the largest that fits (plan.py)
     tokens_per_step: int = 0  # global tokens per optimizer step; 0 = one micro-batch per process
     lr: float = 1e-3  # peak learning rate, reached after warmup_iters
     min_lr: float = 1e-4
@@ -88,11 +88,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.model_config(vocab_size=1)  # GPTConfig validates the model fields
-        positive = ("batch_size", "max_iters", "eval_interval", "log_interval")
+        positive = ("max_iters", "eval_interval", "log_interval")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be positive, got {getattr(self, name)}")
-        non_negative = ("tokens_per_step", "lr", "min_lr", "warmup_iters",
+        non_negative = ("batch_size", "tokens_per_step", "lr", "min_lr", "warmup_iters",
                         "lr_decay_iters", "weight_decay", "grad_clip", "max_time", "eval_iters",
                         "eval_batch_size", "threads", "muon_lr",
                         "sample_tokens")
@@ -163,6 +163,8 @@ def named_config(name: str) -> TrainConfig:
 def coerce(key: str, value: Any) -> Any:
     """Convert a command-line string (or TOML value) to the type of field `key`."""
     typ = _TYPES[key]
+    if key == "batch_size" and str(value).lower() == "auto":  # issue 14: 0 means auto
+        return 0
     if get_origin(typ) is Literal:
         choices = get_args(typ)
         if value not in choices:
