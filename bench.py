@@ -7,6 +7,7 @@
     python bench.py train --config shakespeare_gpu --impl both --override dropout=0   # GPU; compiles
     python bench.py time-to-loss --config small --max-time 45 --target 1.88 --repeats 1
     python bench.py time-to-loss --config small --max-iters 1500        # the fixed-step figure
+    python bench.py memory --config small --n-layer 8 --block-size 256   # plan.py's estimate vs measured
 
 `sample` times GPT.generate on a randomly initialised model shaped like configs/small.py
 (4 layers, n_embd 128, 4 heads, vocab 65) at --block-size, once with the KV cache and once by
@@ -57,6 +58,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import memory_check
+import plan
 from errors import UserError, entry_point
 
 
@@ -259,6 +262,9 @@ def bench_train(args: argparse.Namespace) -> None:
     with contextlib.redirect_stdout(sys.stderr):  # stdout is for JSON lines only
         ds_dir = dataset_dir(cfg)
     ours, cfg = build_model(cfg, read_dataset_manifest(ds_dir), None)  # on CPU: also the weights plain starts from
+    if cfg.batch_size == 0:  # --batch-size auto; its note goes to stderr too
+        with contextlib.redirect_stdout(sys.stderr):
+            cfg = plan.auto_batch_size(cfg, ours, rt)
     flops_per_token = ours.flops_per_token(cfg.block_size)
     micro = cfg.batch_size * cfg.block_size
     tokens_per_step = cfg.tokens_per_step or micro
@@ -405,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sample_parser(sub)
     add_train_parser(sub)
     add_time_to_loss_parser(sub)
+    memory_check.add_memory_parser(sub)  # beside the measurement it runs
     return parser
 
 

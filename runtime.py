@@ -43,6 +43,11 @@ PEAK_FLOPS = {
     "L40S": 362e12, "L40": 181e12, "A6000": 155e12, "A10": 125e12, "L4": 121e12,
     "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12,
 }
+# Memory of the same GPUs in GB as sold (the common variant; plan.py's --gpu a100-40gb picks another).
+GPU_MEMORY_GB = {
+    "H200": 141, "H100": 80, "GH200": 96, "A100": 80, "A800": 80, "L40S": 48, "L40": 48, "A6000": 48,
+    "A10": 24, "L4": 24, "RTX 4090": 24, "RTX 3090": 24, "V100": 32, "T4": 16,
+}
 
 
 def peak_flops(device_name: str) -> float | None:

@@ -9,6 +9,8 @@
     python train.py --config finetune_gpt2 --init-from gpt2-medium  # a hub id, a HF GPT-2 dir or a run dir
     python train.py --config finetune_gpt2 --eval-only   # loss and perplexity of gpt2, no training
     torchrun --standalone --nproc_per_node=8 train.py --config gpt2
+    python train.py --config gpt2 --plan --gpu h100 --nproc 8   # memory and time on paper (plan.py)
+    python train.py --config gpt2 --batch-size auto # the largest micro-batch that fits, same global batch
     python train.py --config small --help          # every option, with small's values as defaults
 
 Configs: configs/<name>.py; every field is a flag: --max-iters 200, --max_iters=200, --compile,
@@ -35,11 +37,12 @@ from tqdm import tqdm
 
 from budget import TimeBudget
 from checkpoint import BEST_NAME, CKPT_NAME, keep_best, lock_run_dir
-from cli import ArgumentParser
+from cli import ArgumentParser, Flag, integer, number
 from configs import TrainConfig, parse_config
 from data.loader import GlobalBatchLoader
 from errors import UserError, entry_point
 from optim import lr_multiplier, set_lr
+from plan import DEFAULT_MFU, plan_command
 from runtime import Runtime, StopSignal, setup
 from trainrun import Run, eval_only, evaluate, sample_text, save, start_run
 
@@ -247,9 +250,15 @@ def finish(run: Run, stopped: str, t_start: float) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="train.py", description=__doc__,
                             usage="python train.py [--config NAME|FILE|RUN_DIR] [--FIELD VALUE ...]")
-    # Script-level flags that are not TrainConfig fields: one add_argument each, read from args
-    # (e.g. parser.add_argument("--plan", action=Flag, help=...) -> args.plan).
+    # Script-level flags that are not TrainConfig fields: one add_argument each, read from args.
+    planning = parser.add_argument_group("plan (nothing is trained)")
+    planning.add_argument("--plan", action=Flag, help="print parameters, FLOPs, memory per GPU and time")
+    planning.add_argument("--gpu", default="h100", help="the GPU to plan for (a100-40gb, 4090, ...)")
+    planning.add_argument("--nproc", type=integer, default=1, help="GPUs (DDP processes)")
+    planning.add_argument("--mfu", type=number, default=DEFAULT_MFU, help="the model FLOPs utilisation assumed")
     cfg, args = parse_config(parser, argv)
+    if args.plan:
+        return plan_command(cfg, args.gpu, args.nproc, args.mfu)
     try:
         result = train(cfg)
     except KeyboardInterrupt:  # a second Ctrl-C before training started

@@ -226,6 +226,10 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     elif master and (run_dir / CKPT_NAME).is_file():
         print(f"note: starting fresh; this run will overwrite {run_dir / CKPT_NAME} (--resume continues it)")
     model, cfg = build_model(cfg, manifest, ckpt)
+    if cfg.batch_size == 0:  # --batch-size auto: sized from free memory, before the weights move there
+        from plan import auto_batch_size
+
+        cfg = auto_batch_size(cfg, model, rt)
     model.to(rt.device)
     optimizer = configure_optimizer(model, cfg, fused=rt.plan.fused_adamw)
     micro_tokens = cfg.batch_size * cfg.block_size * rt.world_size

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
-from cli import ArgumentParser, argument, closest, converter
+from cli import ArgumentParser, argument, closest, converter, integer
 from errors import UserError
 
 if TYPE_CHECKING:
@@ -66,7 +66,8 @@ class TrainConfig:
     tie_weights: bool = _field(True, "lm_head shares its weight with the token embedding")
     attention: Literal["sdpa", "explicit"] = _field("sdpa", "F.scaled_dot_product_attention or the spelled-out "
                                                     "softmax(QK^T)V: same numbers, speed depends on the device")
-    batch_size: int = _field(12, "sequences per micro-batch per process", "optimization")
+    batch_size: int = _field(12, "sequences per micro-batch per process; auto (stored as 0) = the largest "
+                             "that fits free memory, keeping tokens_per_step (plan.py)", "optimization")
     tokens_per_step: int = _field(0, "global tokens per optimizer step, reached by gradient accumulation; "
                                   "0 = one micro-batch per process")
     lr: float = _field(1e-3, "peak learning rate (AdamW), reached after warmup_iters")
@@ -110,11 +111,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.model_config(vocab_size=1)  # GPTConfig validates the model fields
-        positive = ("batch_size", "max_iters", "eval_interval", "log_interval", "ddp_timeout")
+        positive = ("max_iters", "eval_interval", "log_interval", "ddp_timeout")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be positive, got {getattr(self, name)}")
-        non_negative = ("tokens_per_step", "lr", "min_lr", "warmup_iters",
+        non_negative = ("batch_size", "tokens_per_step", "lr", "min_lr", "warmup_iters",
                         "lr_decay_iters", "weight_decay", "grad_clip", "max_time", "eval_iters",
                         "eval_batch_size", "threads", "muon_lr",
                         "sample_tokens")
@@ -202,7 +203,7 @@ def config_file(path: Path) -> TrainConfig:
             raise UserError(f"{path}: unknown key {key!r}; " + (f"did you mean {hint!r}? " if hint else "")
                             + "the keys are TrainConfig's fields (train.py --help)")
         try:
-            values[key] = converter(_TYPES[key])(value)
+            values[key] = _CONVERTERS.get(key, converter(_TYPES[key]))(value)
         except ArgumentTypeError as e:
             raise UserError(f"{path}: {key} {e}") from None
     return replace(base, **{"name": path.stem} | values)
@@ -222,6 +223,14 @@ def resolve_config(config: str) -> TrainConfig:
     return named_config(config)  # unknown: the error names the presets
 
 
+def micro_batch(value: Any) -> int:
+    """--batch-size: a whole number, or auto (0: plan.auto_batch_size picks it at the start of the run)."""
+    return 0 if str(value).lower() == "auto" else integer(value)
+
+
+_CONVERTERS = {"batch_size": micro_batch}  # fields that take more than their type's values
+
+
 def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig) -> None:
     """--config (default: `config`, the one selected) and one option per TrainConfig field, in
     --help sections, with defaults from `base`, the config it selected."""
@@ -232,8 +241,10 @@ def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig)
     for f in fields(TrainConfig):
         if f.metadata["section"] not in ("", group.title):
             group = parser.add_argument_group(f.metadata["section"])
+        special = _CONVERTERS.get(f.name)
+        kind = {"type": special, "metavar": "INT|auto"} if special else argument(_TYPES[f.name])
         group.add_argument(f"--{f.name.replace('_', '-')}", default=getattr(base, f.name),
-                           help=f.metadata["help"], **argument(_TYPES[f.name]))
+                           help=f.metadata["help"], **kind)
 
 
 def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> tuple[TrainConfig, Namespace]:

@@ -1,0 +1,349 @@
+"""Plan a run on paper before spending GPU time: parameters, FLOPs, memory per GPU and time.
+
+    python train.py --config gpt2 --plan --gpu h100 --nproc 8     # prints the plan, trains nothing
+    python train.py --config gpt2 --plan --gpu a100-40gb --n-layer 24 --n-embd 1024 --n-head 16
+    python train.py --config gpt2 --batch-size auto               # the largest micro-batch that fits
+
+The model is built on the meta device (shapes only). Memory per process, in bytes, with N
+parameters kept in fp32 (autocast lowers only the matmuls): weights 4N plus buffers,
+gradients 4N, AdamW 8 per parameter it owns (two moments) and Muon 4 (one momentum buffer;
+optim.configure_optimizer decides who owns what), DDP's gradient buckets 4N (its
+gradient_as_bucket_view is off), autocast's bf16 copies of the matmul weights (2 per matmul
+parameter, alive until the backward is done), and the activations: what autograd saves for the
+backward, plus the largest short-lived tensor of the backward (activation_bytes). The peak is
+the largest of that, the end of a compiled backward (one graph that returns all gradients at
+once) and Muon's step, which both come after the activations are freed. Gradients are counted
+as present during the forward, as they are from the second micro-step of gradient
+accumulation on; with one micro-step per optimizer step the real peak is a bit lower.
+
+memory_check.py measures the same on the CPU (tests/test_plan.py, `python bench.py memory`);
+CPU and GPU keep the same tensors for the backward, so the arithmetic carries over.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from configs import TrainConfig
+from errors import UserError
+from model import GPT, GPTConfig
+
+F32 = 4  # bytes of a float32: parameters, gradients, optimizer state, the residual stream
+GiB = 2**30
+USABLE = 0.9  # share of a GPU's memory to plan on: the CUDA context and the allocator's fragmentation take the rest
+# Default MFU: nanoGPT trains GPT-2 124M (600,000 steps of 491,520 tokens) in "about 4 days" on
+# 8 A100 40GB (its README): 29% of their bf16 peak by flops_per_token. A user reports 29% on one
+# RTX 4090 too (nanoGPT issue #182). Tiny models reach far less (launch overhead dominates).
+DEFAULT_MFU = 0.3
+MFU_SOURCE = "nanoGPT's GPT-2 124M run: 4 days on 8 A100 = 29%"
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What the memory and time estimates need from a model, read off its (meta) parameters."""
+
+    params: int  # tied weights once
+    embedding: int  # wte and (learned positions) wpe
+    matmul: int  # Linear weights and biases: autocast keeps a bf16 copy of each while the graph lives
+    buffers: int  # bytes: causal masks, rotary tables
+    adamw: int  # parameters AdamW updates (two moments each)
+    muon: int  # parameters Muon updates (one momentum buffer each)
+    muon_group: int  # the largest set of same-shape Muon weights: orthogonalized as one batch
+    flops_per_token: float
+
+
+def count(model: torch.nn.Module, cfg: TrainConfig) -> Counts:
+    """Counts for model under cfg's optimizer recipe (optim.configure_optimizer's own split)."""
+    from optim import Muon, configure_optimizer
+
+    opt = configure_optimizer(model, cfg, fused=False)  # no state is allocated before the first step
+    owned = {"adamw": 0, "muon": 0}
+    shapes: dict[torch.Size, int] = {}
+    for o in opt.optimizers:
+        params = [p for g in o.param_groups for p in g["params"]]
+        owned["muon" if isinstance(o, Muon) else "adamw"] += sum(p.numel() for p in params)
+        for p in params if isinstance(o, Muon) else ():
+            shapes[p.shape] = shapes.get(p.shape, 0) + p.numel()
+    linear = [p for m in model.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters()]
+    embed = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    return Counts(
+        params=model.num_params(), embedding=sum(p.numel() for p in embed),
+        matmul=sum(p.numel() for p in linear), buffers=sum(b.numel() * b.element_size() for b in model.buffers()),
+        adamw=owned["adamw"], muon=owned["muon"], muon_group=max(shapes.values(), default=0),
+        flops_per_token=model.flops_per_token(cfg.block_size))
+
+
+def meta_model(cfg: TrainConfig, vocab_size: int) -> GPT:
+    with torch.device("meta"):
+        return GPT(cfg.model_config(vocab_size))
+
+
+def activation_bytes(mc: GPTConfig, batch: int, seq: int, low_precision: bool, compiled: bool) -> int:
+    """Bytes that grow with the batch at the peak (the start of the backward pass): what each
+    layer saves for the backward, per token, plus the largest transient on top.
+
+    a = 2 under bf16/fp16 autocast (4 in fp32) for matmul inputs and outputs. Per layer: the
+    fp32 residual stream twice (the norms' inputs; RMSNorm also keeps x * rstd), the c_attn
+    input, q/k/v, the attention output, the c_fc input and the MLP hidden before and after its
+    activation (2 x 4C); RoPE adds the rotated q and k, QK-norm its fp32 work and output; SDPA
+    keeps a log-sum-exp, the explicit path the (T, T) probabilities of each head in fp32 and in
+    autocast's copy; dropout a 1-byte mask per element (CUDA: on the CPU torch keeps masks in
+    the compute dtype and SDPA falls back to its math path, so there this runs low). The
+    transient: the loss's backward (the logits the caller holds, log-softmax's fp32 output, its
+    gradient, the input gradient), lm_head's (the logits and their gradient, then its weight's
+    gradient in autocast's dtype and in fp32: a fixed V x C cost that wins at small batches) or,
+    with a small vocabulary, the last block's (two MLP-hidden or two (T, T) gradients).
+    torch.compile (measured with CPU inductor) keeps the same per layer but the probabilities
+    once, and fuses the loss's backward into one fp32 gradient.
+    """
+    a = 2 if low_precision else F32
+    copy = a if low_precision else 0  # autocast's low-precision copy of an fp32 tensor
+    C, H, V, nh = mc.n_embd, mc.mlp_ratio * mc.n_embd, mc.vocab_size, mc.n_head
+    scores = nh * seq  # attention-score entries per token in one layer: (B, nh, T, T) / (B * T)
+    explicit = mc.attention == "explicit"
+    norm = F32 * C + 2 * F32 + (F32 * C if mc.norm == "rmsnorm" else 0)  # input, mean/rstd, x * rstd
+    # the two norms, c_attn's input, q/k/v, the attention output, c_fc's input, the MLP hidden twice
+    layer = 2 * norm + a * C + 3 * a * C + a * C + a * C + 2 * a * H
+    if mc.pos_emb == "rope" and not explicit:  # the explicit path copies q, k, v for its matmuls anyway
+        layer += 2 * a * C
+    if mc.qk_norm:
+        layer += 2 * (2 * F32 + copy) * C
+    layer += (F32 + (0 if compiled else copy)) * scores if explicit else F32 * nh
+    if mc.dropout:
+        layer += 2 * C + (scores if explicit else 0)
+    head = norm + a * C + (C if mc.dropout else 0)  # ln_f, lm_head's input, the embedding dropout
+    tokens = batch * seq
+    loss = (a + F32) * V if compiled else (a + 3 * F32) * V
+    lm_head = 2 * a * V * tokens + (copy + F32) * V * C  # the logits and their gradient, then the weight's
+    last_mlp = a * V + 2 * a * H
+    last_attention = a * V + (2 * F32 - copy) * scores - (F32 + a) * C - 2 * a * H if explicit else 0
+    transient = max(tokens * max(loss, last_mlp, last_attention), lm_head)
+    return tokens * (mc.n_layer * layer + head) + transient
+
+
+def muon_step_bytes(counts: Counts) -> int:
+    """Temporaries of Muon's step: a Nesterov update per weight (fp32), then for the largest
+    same-shape group the stacked updates (fp32) and Newton-Schulz's bf16 iterates (measured on
+    CPU: 4 + 12 bytes per element)."""
+    return F32 * counts.muon + 16 * counts.muon_group
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Memory of one training set-up as a function of the micro-batch."""
+
+    counts: Counts
+    config: GPTConfig
+    seq: int
+    low_precision: bool  # bf16/fp16 autocast
+    compiled: bool
+    nproc: int = 1
+    LATER = ("compiled backward", "Muon step")  # after the activations are freed
+
+    @classmethod
+    def of(cls, model: GPT, cfg: TrainConfig, low_precision: bool, nproc: int = 1) -> Estimate:
+        return cls(count(model, cfg), model.config, cfg.block_size, low_precision, cfg.compile, nproc)
+
+    def memory(self, batch: int) -> dict[str, int]:
+        """Peak bytes per process by part; "total" follows the peak rule of the module docstring."""
+        n = self.counts
+        parts = {
+            "weights and buffers": F32 * n.params + n.buffers,
+            "gradients": F32 * n.params,
+            "optimizer states": 2 * F32 * n.adamw + F32 * n.muon,
+            "DDP gradient buckets": F32 * n.params if self.nproc > 1 else 0,
+            "autocast weight copies": 2 * n.matmul if self.low_precision else 0,
+            "activations": activation_bytes(self.config, batch, self.seq, self.low_precision, self.compiled),
+            "compiled backward": self._compiled_gradients(batch),
+            "Muon step": muon_step_bytes(n),
+        }
+        graph = parts["autocast weight copies"] + parts["activations"]
+        static = sum(parts.values()) - graph - sum(parts[k] for k in self.LATER)
+        parts["total"] = static + max(graph, *(parts[k] for k in self.LATER))
+        return parts
+
+    def _compiled_gradients(self, batch: int) -> int:
+        """torch.compile runs the backward as one graph that returns every gradient at its end,
+        before any is added to .grad (measured on CPU): all of them in fp32, the tied embedding's
+        twice, lm_head's weight gradient in autocast's dtype too, beside the logits the caller holds."""
+        if not self.compiled:
+            return 0
+        a, V, C = (2 if self.low_precision else F32), self.config.vocab_size, self.config.n_embd
+        tied = F32 * V * C if self.config.tie_weights else 0
+        return F32 * self.counts.params + tied + (a if self.low_precision else 0) * V * C + a * V * batch * self.seq
+
+    def largest_batch(self, budget: float, divides: int = 0) -> int:
+        """The largest micro-batch whose peak fits in budget bytes (0 if none); with divides, the
+        largest divisor of that number, so gradient accumulation keeps the global batch."""
+        if self.memory(1)["total"] > budget:
+            return 0
+        best, over = 1, 2  # memory grows with the batch: double past the budget, then bisect
+        while self.memory(over)["total"] <= budget:
+            best, over = over, 2 * over
+        while over - best > 1:
+            mid = (best + over) // 2
+            best, over = (mid, over) if self.memory(mid)["total"] <= budget else (best, mid)
+        if divides:
+            best = max((d for d in range(1, min(best, divides) + 1) if divides % d == 0), default=0)
+        return best
+
+
+# ---------------------------------------------------------------------------- GPUs and free memory
+
+
+def gpu_spec(name: str) -> tuple[str, int, float]:
+    """(label, memory bytes, dense bf16 FLOP/s) for --gpu NAME: a runtime.PEAK_FLOPS entry in any
+    case, without spaces or "RTX " (h100, a100, 4090), optionally sized: a100-40gb, h100-94gb."""
+    from runtime import GPU_MEMORY_GB, PEAK_FLOPS
+
+    match = re.fullmatch(r"(.+?)(?:-(\d+)gb)?", name.lower().replace(" ", ""))
+    names = {s: k for k in PEAK_FLOPS for s in (k.lower().replace(" ", ""), k.lower().removeprefix("rtx "))}
+    key = names.get(match.group(1)) if match else None
+    if key is None:
+        choices = ", ".join(k.lower().removeprefix("rtx ") for k in PEAK_FLOPS)
+        raise UserError(f"--gpu {name!r} is not in the table; choose one of {choices} (a100-40gb: another size)")
+    gb = int(match.group(2) or GPU_MEMORY_GB[key])
+    return f"{key} {gb}GB", gb * GiB, PEAK_FLOPS[key]
+
+
+def free_memory(device: str) -> int:
+    """Bytes this process can still allocate on device: the driver's free memory on CUDA,
+    Metal's recommended budget less what is in use on MPS, the kernel's MemAvailable on CPU."""
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info(device)[0]
+    if device == "mps":
+        return torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
+    try:
+        meminfo = open("/proc/meminfo").read()
+        return int(re.search(r"MemAvailable:\s+(\d+) kB", meminfo).group(1)) * 1024
+    except (OSError, AttributeError):  # not Linux: free pages, which leaves out the page cache
+        import os
+
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+# ---------------------------------------------------------------------------- --plan and --batch-size auto
+
+
+def sequences_per_step(cfg: TrainConfig, nproc: int) -> int:
+    """Sequences each process handles per optimizer step (micro-batch x accumulation)."""
+    if not cfg.batch_size and not cfg.tokens_per_step:
+        raise UserError("--batch-size auto keeps --tokens-per-step by gradient accumulation: give it too "
+                        f"(e.g. --tokens-per-step {64 * cfg.block_size * nproc})")
+    tokens = cfg.tokens_per_step or cfg.batch_size * cfg.block_size * nproc
+    if tokens % (cfg.block_size * nproc) or (cfg.batch_size and tokens % (cfg.batch_size * cfg.block_size * nproc)):
+        raise UserError(f"--tokens-per-step {tokens} is not a multiple of batch_size x block_size x processes "
+                        f"= {cfg.batch_size or 1} x {cfg.block_size} x {nproc}; pick a multiple")
+    return tokens // (cfg.block_size * nproc)
+
+
+def auto_batch_size(cfg: TrainConfig, model: GPT, rt: Any) -> TrainConfig:
+    """--batch-size auto (batch_size 0): the largest micro-batch whose estimated peak fits in
+    USABLE of the device's free memory, among those that divide this process's share of
+    tokens_per_step (so gradient accumulation keeps the global batch). Prints what and why."""
+    share = sequences_per_step(cfg, rt.world_size)
+    free = torch.tensor(float(free_memory(rt.device)), device=rt.device)
+    if rt.ddp:  # every rank must pick the same size, so plan on the fullest device
+        torch.distributed.all_reduce(free, op=torch.distributed.ReduceOp.MIN)
+    est = Estimate.of(model, cfg, rt.dtype != torch.float32, rt.world_size)
+    fit = est.largest_batch(USABLE * free.item(), divides=share)
+    why = f"{free.item() / GiB:.1f} GiB free on {rt.device}, planning on {USABLE:.0%}"
+    if not fit:
+        raise UserError(f"--batch-size auto: even one sequence needs about {est.memory(1)['total'] / GiB:.2f} GiB "
+                        f"({why}); lower --block-size, use a smaller model or more processes")
+    bigger = next((d for d in range(fit + 1, share + 1) if share % d == 0), None)
+    if rt.is_master:
+        print(f"batch-size auto: {fit} sequences per micro-batch x {share // fit} accumulation x {rt.world_size} "
+              f"process{'es' if rt.ddp else ''} = {cfg.tokens_per_step:,} tokens/step; estimated peak "
+              f"{est.memory(fit)['total'] / GiB:.2f} GiB ({why})"
+              + (f"; {bigger} would need {est.memory(bigger)['total'] / GiB:.2f} GiB" if bigger else ""))
+    return replace(cfg, batch_size=fit)
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,.0f}"
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def plan_report(cfg: TrainConfig, vocab_size: int, gpu: str, nproc: int, mfu: float) -> str:
+    """What `train.py --plan` prints: sizes, compute, memory per GPU and time of cfg on nproc x gpu."""
+    label, capacity, peak = gpu_spec(gpu)
+    model = meta_model(cfg, vocab_size)
+    est, T, budget = Estimate.of(model, cfg, cfg.dtype != "float32", nproc), cfg.block_size, USABLE * capacity
+    mc, counts, low = est.config, est.counts, est.low_precision
+    share = sequences_per_step(cfg, nproc)
+    fit, keep = est.largest_batch(budget), est.largest_batch(budget, divides=share)
+    B = cfg.batch_size or keep or 1  # --batch-size auto shows the size it would pick
+    tokens, mem = share * T * nproc, est.memory(B)
+    verdict = "fits" if mem["total"] <= budget else "does NOT fit"
+    unit, unit_name = (GiB, "GiB") if mem["total"] >= GiB else (2**20, "MiB")
+    optimizers = f"AdamW on {_count(counts.adamw)}" + (f", Muon on {_count(counts.muon)}" if counts.muon else "")
+    lines = [
+        f"plan for {cfg.name} on {nproc} x {label} ({peak / 1e12:.0f} TFLOP/s dense bf16); estimates only",
+        f"parameters    {_count(counts.params)} = {_count(counts.embedding)} embedding (token"
+        f"{', position' if mc.pos_emb == 'learned' else ''}) + {_count(counts.params - counts.embedding)} other",
+        f"FLOPs         {counts.flops_per_token / 1e6:,.1f} MFLOP per token (6 per matmul weight + attention: "
+        "MFU's count)",
+        f"batch         {tokens:,} tokens/step = {B} sequences x {T} tokens x {nproc} "
+        f"process{'es' if nproc > 1 else ''} x {share // B} accumulation",
+        f"memory per GPU in {unit_name}: {'bf16 autocast' if low else 'float32'}, {mc.attention} attention, "
+        f"{'compiled' if cfg.compile else 'eager'}, {optimizers} params",
+        *(f"  {k:<24}{v / unit:8.2f}" for k, v in mem.items() if v and k != "total"),
+        f"  {'peak':<24}{mem['total'] / unit:8.2f}  of {budget / unit:,.1f} usable "
+        f"({USABLE:.0%} of {capacity / GiB:.0f} GiB): {verdict}",
+        "  (peak = the rows above the copies + max(copies + activations"
+        + "".join(f", {k}" for k in Estimate.LATER if mem[k]) + "))",
+        f"activations at micro-batch {B}, {unit_name}:   eager  compiled",
+    ]
+    for attention in ("sdpa", "explicit"):
+        shape = replace(mc, attention=attention)
+        acts = [activation_bytes(shape, B, T, low, compiled) / unit for compiled in (False, True)]
+        lines.append(f"  {attention:<34}{acts[0]:7.2f}  {acts[1]:8.2f}")
+    if nproc > 1:
+        ring = 2 * (nproc - 1) / nproc * F32 * counts.params
+        lines.append(f"all-reduce    {F32 * counts.params / GiB:.2f} GiB of fp32 gradients per step "
+                     f"(a ring sends and receives {ring / GiB:.2f} GiB per GPU)")
+    if fit:
+        lines.append(f"fits          up to micro-batch {fit}" + (f"; keeping {tokens:,} tokens/step: {keep} x "
+                     f"{share // keep} accumulation" if keep else f", no divisor of the {share} sequences per step"))
+    else:
+        need = [est.memory(b)["total"] for b in (0, 1)]
+        lines.append("fits          nothing: " + (f"{need[0] / GiB:.1f} GiB even without activations"
+                     if need[0] > budget else f"one sequence needs {need[1] / GiB:.1f} GiB"))
+    step = counts.flops_per_token * tokens / (nproc * peak * mfu)
+    lines += [f"time          {_duration(step)}/step, {tokens / step:,.0f} tokens/s; "
+              f"max_iters {cfg.max_iters:,} = {_duration(step * cfg.max_iters)}",
+              f"              at {mfu:.0%} MFU ({MFU_SOURCE}; --mfu to change)"]
+    return "\n".join(lines)
+
+
+def plan_command(cfg: TrainConfig, gpu: str, nproc: int, mfu: float) -> int:
+    """`train.py --config NAME --plan [--gpu G] [--nproc N] [--mfu X]`: print the plan, train nothing."""
+    if nproc < 1 or not 0 < mfu <= 1:
+        raise UserError(f"--nproc must be at least 1 and --mfu in (0, 1], got {nproc} and {mfu}")
+    print(plan_report(cfg, plan_vocab_size(cfg), gpu, nproc, mfu))
+    return 0
+
+
+def plan_vocab_size(cfg: TrainConfig) -> int:
+    """cfg's vocab_size, else its dataset's (a bundled preset is prepared first, as training would)."""
+    if cfg.vocab_size:
+        return cfg.vocab_size
+    import json
+
+    from train import dataset_dir
+
+    try:
+        return json.loads((dataset_dir(cfg) / "manifest.json").read_text())["vocab_size"]
+    except UserError as e:
+        raise UserError(f"{e}; or plan without the data by giving --vocab-size") from None

@@ -1,0 +1,122 @@
+"""plan.py: memory estimates against the CPU's measured peak, the --plan report, --batch-size auto."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+import plan
+import train
+from configs import load_config, micro_batch
+from errors import UserError
+from memory_check import check, measured_peak_bytes
+from model import GPT
+from runtime import setup
+
+SIZES = {"2x16": dict(n_layer=2, n_embd=16, n_head=2), "2x32": dict(n_layer=2, n_embd=32, n_head=4),
+         "3x48": dict(n_layer=3, n_embd=48, n_head=4)}
+
+
+def tiny(**fields):
+    return replace(load_config("tiny", ["--device", "cpu"]), **fields)
+
+
+def test_measured_peak_counts_live_tensor_bytes():
+    def allocate():
+        a = torch.empty(2**20, dtype=torch.uint8)
+        b = torch.empty(2**21, dtype=torch.uint8)  # peak: a and b
+        del a
+        c = torch.empty(2**19, dtype=torch.uint8)
+        return b, c
+
+    assert measured_peak_bytes(allocate) == 3 * 2**20
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "explicit"])
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_memory_estimate_matches_measured_cpu_peak(size, block_size, attention):
+    got = check(tiny(block_size=block_size, attention=attention, **size), 65, torch.bfloat16)
+    assert 0.85 < got["ratio"] < 1.15 and 0.85 < got["beyond_states_ratio"] < 1.15, got
+
+
+@pytest.mark.parametrize("fields, vocab, dtype", [
+    (dict(pos_emb="rope", attention="explicit", optimizer="muon"), 65, torch.bfloat16),  # the small recipe
+    (dict(norm="rmsnorm", activation="relu2", qk_norm=True, bias=False), 65, torch.float32),
+    (dict(tie_weights=False), 1024, torch.bfloat16),  # the loss's backward is the peak
+])
+def test_memory_estimate_covers_architecture_switches(fields, vocab, dtype):
+    got = check(tiny(block_size=32, **SIZES["2x32"], **fields), vocab, dtype)
+    assert 0.85 < got["ratio"] < 1.15 and 0.85 < got["beyond_states_ratio"] < 1.15, got
+
+
+def test_one_micro_step_peaks_below_the_estimate():
+    """Without accumulation the gradients do not exist during the forward: the estimate is an upper bound."""
+    got = check(tiny(block_size=32, **SIZES["2x32"]), 1024, torch.bfloat16, accum=1)
+    assert 1.0 < got["ratio"] < 1.15, got
+
+
+def test_largest_batch_is_the_last_that_fits_and_divides():
+    cfg = load_config("gpt2", ["--n-layer", "24", "--n-embd", "1024", "--n-head", "16"])
+    est = plan.Estimate.of(plan.meta_model(cfg, cfg.vocab_size), cfg, low_precision=True)
+    budget = 20 * plan.GiB
+    fit = est.largest_batch(budget)
+    assert est.memory(fit)["total"] <= budget < est.memory(fit + 1)["total"]
+    keep = est.largest_batch(budget, divides=64)
+    assert 64 % keep == 0 and keep <= fit < 2 * keep
+    assert est.largest_batch(est.memory(0)["total"] - 1) == 0
+
+
+def test_plan_counts_match_the_real_model_and_allocate_nothing(capsys):
+    assert train.main(["--config", "tiny", "--plan", "--gpu", "4090", "--nproc", "2", "--vocab-size", "65"]) == 0
+    out = capsys.readouterr().out
+    model = GPT(tiny(vocab_size=65).model_config(65))
+    assert f"parameters    {model.num_params():,} = " in out
+    assert f"FLOPs         {model.flops_per_token() / 1e6:,.1f} MFLOP per token" in out
+    assert "256 tokens/step = 4 sequences x 32 tokens x 2 processes x 1 accumulation" in out
+    assert "RTX 4090 24GB" in out and "all-reduce" in out and "fits          up to micro-batch" in out
+    xl = load_config("gpt2", ["--n-layer", "48", "--n-embd", "1600", "--n-head", "25"])
+    assert measured_peak_bytes(lambda: plan.plan_report(xl, 50304, "a100-40gb", 8, 0.3)) < 2**24  # weights: 6 GB
+    assert "fits          nothing" in plan.plan_report(xl, 50304, "4090", 1, 0.3)
+
+
+def test_plan_time_follows_flops_and_mfu():
+    cfg = load_config("gpt2", ["--max-iters", "10000"])
+    report = plan.plan_report(cfg, 50304, "h100", 8, 0.5)
+    flops = plan.meta_model(cfg, 50304).flops_per_token(1024)
+    seconds = flops * 524288 / (8 * 989e12 * 0.5)
+    assert f"{seconds * 1e3:.1f} ms/step" in report and f"max_iters 10,000 = {seconds * 1e4 / 60:.1f} min" in report
+
+
+def test_gpu_names_and_errors():
+    from runtime import GPU_MEMORY_GB, PEAK_FLOPS
+
+    assert GPU_MEMORY_GB.keys() == PEAK_FLOPS.keys()
+    assert plan.gpu_spec("A100-40GB")[1:] == (40 * plan.GiB, 312e12)
+    assert plan.gpu_spec("rtx4090") == plan.gpu_spec("4090") == ("RTX 4090 24GB", 24 * plan.GiB, 165e12)
+    with pytest.raises(UserError, match="h100"):
+        plan.gpu_spec("b9000")
+    assert train.main(["--config", "tiny", "--plan", "--nproc", "0", "--vocab-size", "65"]) == 2
+
+
+def test_batch_size_auto_keeps_tokens_per_step(tmp_path, monkeypatch, capsys):
+    from data.prepare import prepare
+
+    assert micro_batch("auto") == 0 and micro_batch("8") == 8
+    rt = setup(device="cpu", dtype="float32", seed=None)
+    with pytest.raises(UserError, match="tokens-per-step"):
+        plan.auto_batch_size(tiny(batch_size=0), GPT(tiny().model_config(65)), rt)
+
+    cfg = load_config("tiny", ["--device", "cpu", "--dtype", "float32", "--batch-size", "auto", "--tokens-per-step",
+                               "256", "--max-iters", "2", "--sample-tokens", "0"])
+    cfg = replace(cfg, out_dir=str(tmp_path / "run"), data_root=str(prepare("shakespeare_char", out_root=tmp_path,
+                                                                             verbose=False).parent))
+    est = plan.Estimate.of(GPT(cfg.model_config(65)), cfg, low_precision=False)
+    # 6 sequences fit, 7 do not; 6 does not divide the 8 sequences of a step, 4 does
+    free = (est.memory(6)["total"] + est.memory(7)["total"]) / 2 / plan.USABLE
+    monkeypatch.setattr(plan, "free_memory", lambda device: free)
+    train.train(cfg)
+    assert "batch-size auto: 4 sequences per micro-batch x 2 accumulation" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["batch_size"] == 4 and saved["tokens_per_step"] == 256
