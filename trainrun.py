@@ -17,6 +17,7 @@ from checkpoint import CKPT_NAME, capture_rng_state, load_checkpoint, restore_rn
 from configs import TrainConfig, model_fields
 from errors import UserError
 from optim import configure_optimizer
+from reference import Reference
 from runlog import RunLog
 from runtime import GlobalBatchLoader, Runtime
 
@@ -214,7 +215,8 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         train_model = DDP(train_model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
-    log = RunLog(run_dir, t_start, resume_step=state.step if ckpt is not None else None) if master else None
+    log = RunLog(run_dir, t_start, resume_step=state.step if ckpt is not None else None,
+                 reference=Reference.matching(cfg.to_dict(), rt.world_size)) if master else None
     run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, run_dir,
               tokens_per_step // micro_tokens, log, state)
     if master:

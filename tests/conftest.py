@@ -12,3 +12,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory):
+    """The bundled corpus, prepared char-level once per session in a temporary directory."""
+    from data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("prepared")
+    prepare("shakespeare_char", out_root=root, verbose=False)
+    return root

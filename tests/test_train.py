@@ -24,15 +24,6 @@ from optim import Muon, configure_optimizer, lr_multiplier, orthogonalize
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="session")
-def data_root(tmp_path_factory):
-    from data.prepare import prepare
-
-    root = tmp_path_factory.mktemp("prepared")
-    prepare("shakespeare_char", out_root=root, verbose=False)
-    return root
-
-
 def tiny(out_dir, data_root, *argv):
     cfg = load_config("tiny", ["--device", "cpu", "--sample-tokens", "0", *argv])
     return replace(cfg, out_dir=str(out_dir), data_root=str(data_root))
