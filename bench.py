@@ -8,6 +8,7 @@
     python bench.py time-to-loss --config small --max-time 45 --target 1.88 --repeats 1
     python bench.py time-to-loss --config small --max-iters 1500        # the fixed-step figure
     python bench.py memory --config small --n-layer 8 --block-size 256   # plan.py's estimate vs measured
+    python bench.py reference --config small --seeds 5 --eval-interval 150 --threads 1   # configs/reference/
 
 `sample` times GPT.generate on a randomly initialised model shaped like configs/small.py
 (4 layers, n_embd 128, 4 heads, vocab 65) at --block-size, once with the KV cache and once by
@@ -27,9 +28,7 @@ for any TrainConfig field; bare --batch-size 32 works too). ms_per_iter: the med
 memory: torch's on GPU (less the other impl's weights and optimizer state), the process's peak
 RSS on CPU (one high-water mark for both impls). mfu: null without a known GPU peak.
 
-`time-to-loss` runs `python train.py --config C --max-time T --eval-interval 1000000000
---sample-tokens 0 --out-dir <tmp>` (or --max-iters N; other flags go to train.py) and reports
-the whole process's wall time, start-up included, and the last val loss in metrics.jsonl.
+`time-to-loss` and `reference` run train.py as a whole process (bench_runs.py says how).
 
 Adding a benchmark: write `add_<name>_parser(subparsers)` and `bench_<name>(args)`, and
 register the parser in `build_parser`.
@@ -42,15 +41,11 @@ import contextlib
 import itertools
 import json
 import math
-import re
 import resource
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -60,6 +55,7 @@ from torch import nn
 
 import memory_check
 import plan
+from bench_runs import add_reference_parser, add_time_to_loss_parser
 from errors import UserError, entry_point
 
 
@@ -107,7 +103,6 @@ def add_sample_parser(sub: argparse._SubParsersAction) -> None:
 def bench_sample(args: argparse.Namespace) -> None:
     from model import GPT, GPTConfig
     from runtime import setup
-
     from sample import cpu_threads
 
     for flag in ("block_size", "new_tokens", "prompt_len", "batch_size", "repeats"):
@@ -362,46 +357,6 @@ def bench_train(args: argparse.Namespace) -> None:
                "same_first_loss": math.isclose(runs["ours"]["first_loss"], runs["plain"]["first_loss"], rel_tol=1e-3)})
 
 
-# ---------------------------------------------------------------------------- time-to-loss
-
-
-def add_time_to_loss_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("time-to-loss", allow_abbrev=False, help="whole `python train.py` runs: wall time and final val loss")
-    p.add_argument("--config", default="small")
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--max-time", type=float, default=45.0, help="train.py --max-time (s)")
-    budget.add_argument("--max-iters", type=int, default=0, help="train.py --max-iters instead of --max-time")
-    p.add_argument("--target", type=float, default=1.88, help="val loss to reach")
-    p.add_argument("--repeats", type=int, default=1)
-    p.set_defaults(func=bench_time_to_loss, passthrough=True)
-
-
-def bench_time_to_loss(args: argparse.Namespace) -> None:
-    budget = ["--max-iters", str(args.max_iters)] if args.max_iters else ["--max-time", str(args.max_time)]
-    device = _device_name("cuda" if torch.cuda.is_available() else "cpu")
-    for _ in range(args.repeats):
-        with tempfile.TemporaryDirectory(prefix="bench-ttl-") as tmp:
-            cmd = [sys.executable, "train.py", "--config", args.config, *budget, "--eval-interval", "1000000000",
-                   "--sample-tokens", "0", "--out-dir", tmp, *args.extra]
-            t0 = time.perf_counter()
-            proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent, capture_output=True, text=True, check=False)
-            wall = time.perf_counter() - t0
-            if proc.returncode != 0:
-                # train.py's own one-line error says what to fix; a crash's last line says what broke
-                last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("error: ")
-                raise UserError(f"train.py --config {args.config} exited {proc.returncode}: {last}")
-            lines = (Path(tmp) / "metrics.jsonl").read_text().splitlines()
-        evals = [json.loads(line) for line in lines if '"val_loss"' in line]
-        stopped = re.search(r"stopped at step \d+ \((\w+)\)", proc.stdout)
-        _emit({
-            "bench": "time-to-loss", "config": args.config, "device": device,
-            "max_time": None if args.max_iters else args.max_time, "max_iters": args.max_iters or None,
-            "extra": args.extra, "wall_s": round(wall, 2), "val_loss": round(evals[-1]["val_loss"], 4),
-            "target": args.target, "reached": evals[-1]["val_loss"] <= args.target,
-            "steps": evals[-1]["step"], "stopped": stopped and stopped.group(1),
-        })
-
-
 # ---------------------------------------------------------------------------- main
 
 
@@ -412,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(sub)
     add_time_to_loss_parser(sub)
     memory_check.add_memory_parser(sub)  # beside the measurement it runs
+    add_reference_parser(sub)
     return parser
 
 
@@ -421,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)  # train, time-to-loss: the rest are TrainConfig flags
     if extra and not getattr(args, "passthrough", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.extra = extra
+    args.extra, args.argv = extra, list(sys.argv[1:] if argv is None else argv)
     args.func(args)
     return 0
 

@@ -8,10 +8,13 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from checkpoint import atomic_write, write_errors
 from errors import UserError
+
+if TYPE_CHECKING:
+    from reference import Reference
 
 
 def _wandb_has_key(wandb: Any) -> bool:
@@ -29,10 +32,16 @@ class RunLog:
     On resume, metric lines past the checkpoint's step are dropped (they describe steps the
     resumed run will redo), so the file and the plot stay one consistent history. wandb keeps
     what it was sent, so steps it already has are not sent again.
+
+    With a reference (reference.py: the band over seeds of a config this run matches), each
+    record also carries the reference's mean at its step (ref_loss, ref_val_loss, ...), and
+    loss.png draws the run over the band.
     """
 
-    def __init__(self, out_dir: Path, started: float, resume_step: int | None = None) -> None:
+    def __init__(self, out_dir: Path, started: float, resume_step: int | None = None,
+                 reference: Reference | None = None) -> None:
         self.out_dir, self.started = Path(out_dir), started  # started: time.time() at the run's start
+        self.reference = reference
         self.path = self.out_dir / "metrics.jsonl"
         self.records: list[dict[str, Any]] = []
         self.wandb_has = -1  # the last step the previous attempt of this run sent to wandb
@@ -67,6 +76,8 @@ class RunLog:
         return self.wandb.id
 
     def log(self, record: dict[str, Any]) -> None:
+        if self.reference is not None:
+            record = record | self.reference.means(record)
         self.records.append(record)
         with write_errors(self.path), open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -80,6 +91,10 @@ class RunLog:
 
             self.samples.append([step, text])  # the whole table each time: wandb tables are immutable
             self.wandb.log({"samples": wandb.Table(columns=["step", "text"], data=self.samples)}, step=step)
+
+    def off_reference(self, step: int, losses: dict[str, float]) -> str | None:
+        """A line to print when this eval is clearly outside the reference band (else None)."""
+        return self.reference.check(step, losses) if self.reference is not None else None
 
     def plot(self, force: bool = True) -> Path | None:
         """Train and val loss against step in loss.png; None (and a note) without matplotlib.
@@ -108,17 +123,17 @@ class RunLog:
             print("note: matplotlib is not installed, skipping loss.png (pip install matplotlib)")
             return None
 
-        def series(key: str) -> tuple[list[int], list[float]]:
-            pts = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]
-            return [p[0] for p in pts], [p[1] for p in pts]
-
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        ax.plot(*series("loss"), color="tab:blue", alpha=0.35, lw=1, label="train (running)")
-        ax.plot(*series("train_loss"), "o-", color="tab:blue", ms=3, label="train (eval)")
-        ax.plot(*series("val_loss"), "o-", color="tab:orange", ms=3, label="val")
-        ax.set(xlabel="step", ylabel="loss", title=self.out_dir.name)
+        if self.reference is None:
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+        else:  # below the curves, val minus the reference's mean: the band is too thin to see up there
+            fig, (ax, gap) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, height_ratios=(3, 1.3))
+            self._plot_reference(ax, gap)
+        ax.plot(*self._series("loss"), color="tab:blue", alpha=0.35, lw=1, label="train (running)")
+        ax.plot(*self._series("train_loss"), "o-", color="tab:blue", ms=3, label="train (eval)")
+        ax.plot(*self._series("val_loss"), "o-", color="tab:orange", ms=3, label="val")
+        ax.set(xlabel="" if self.reference else "step", ylabel="loss", title=self.out_dir.name)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(title=self.reference and f"config matches the {self.reference.label}", title_fontsize="small")
         fig.tight_layout()
         path = self.out_dir / "loss.png"
         try:
@@ -126,6 +141,36 @@ class RunLog:
         finally:
             plt.close(fig)
         return path
+
+    def _series(self, key: str) -> tuple[list[int], list[float]]:
+        pts = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    def _plot_reference(self, ax: Any, gap: Any) -> None:
+        """The reference's min-max bands under the run's curves (ax); in gap, the run's val loss,
+        the band and the out-of-band thresholds, each minus the reference's val mean."""
+        ref = self.reference
+        seeds = len(ref.data["seeds"])
+        for key, color, what in (("loss", "tab:blue", "train"), ("val_loss", "tab:orange", "val")):
+            s = ref.series(key)
+            ax.fill_between(s["step"], s["min"], s["max"], color=color, alpha=0.18, lw=0,
+                            label=f"reference {what}: min-max of {seeds} seeds")
+        val = ref.series("val_loss")
+        ax.plot(val["step"], val["mean"], "--", color="tab:orange", lw=0.8, alpha=0.7, label="reference val: mean")
+        steps, mean = val["step"], val["mean"]
+        margin = [ref.margin("val_loss", step) for step in steps]
+        gap.fill_between(steps, [a - m for a, m in zip(val["min"], mean)], [b - m for b, m in zip(val["max"], mean)],
+                         color="tab:orange", alpha=0.18, lw=0)
+        for edge, sign in ((val["min"], -1), (val["max"], 1)):
+            gap.plot(steps, [e + sign * d - m for e, d, m in zip(edge, margin, mean)], ":", color="gray", lw=1,
+                     label="band +- margin: a note beyond" if sign > 0 else None)
+        run = [(step, v - band[1]) for step, v in zip(*self._series("val_loss"))
+               if (band := ref.band("val_loss", step)) is not None]
+        gap.plot([p[0] for p in run], [p[1] for p in run], "o-", color="tab:orange", ms=3)
+        gap.axhline(0, color="tab:orange", lw=0.8, ls="--", alpha=0.7)
+        gap.set(xlabel="step", ylabel="val - ref. mean")
+        gap.grid(alpha=0.3)
+        gap.legend(fontsize="small")
 
     def close(self, exit_code: int = 0) -> None:
         """exit_code != 0 marks the wandb run as failed (a crash, a divergence, an interruption)."""

@@ -110,6 +110,8 @@ def eval_and_save(run: Run, budget: TimeBudget | None = None, save_first: bool =
         run.log.plot(force=False)
         tqdm.write(f"step {st.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}"
                    f"{' (best)' if improved else ''}{', saved' if saving or save_first else ''}")
+        if note := run.log.off_reference(st.step, losses):  # clearly outside the seeds' band: say so, go on
+            tqdm.write(note)
     if budget is not None:  # the final one also draws loss.png
         budget.record_final(time.time() - t0 + (run.log.plot_cost if run.log else 0.0))
 

@@ -18,6 +18,7 @@ from data import tokenizer_from_manifest
 from data.manifest import VOCABULARY, differences, read_dataset_manifest
 from errors import UserError
 from optim import configure_optimizer
+from reference import Reference
 from runlog import RunLog
 from data.loader import GlobalBatchLoader
 from runtime import Runtime, TrainModule
@@ -252,7 +253,8 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
         state = RunState(step=ckpt["step"], best_val=ckpt["best_val"], saved_at=ckpt["step"],
                          wandb_id=ckpt.get("wandb_id"))
     train_model = TrainModule(model, rt)  # compiled (or not) and DDP-wrapped
-    log = RunLog(run_dir, t_start, resume_step=state.step if ckpt is not None else None) if master else None
+    log = RunLog(run_dir, t_start, resume_step=state.step if ckpt is not None else None,
+                 reference=Reference.matching(cfg.to_dict(), rt.world_size)) if master else None
     run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, run_dir,
               grad_accum, log, state)
     if master:

@@ -1,0 +1,125 @@
+"""Reference loss bands (reference.py): the band over seeds, the match rule, the out-of-band line."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+import reference
+import train
+from configs import load_config
+from reference import MIN_MARGIN, Reference, build, write
+
+STEPS = (0, 10, 20)
+
+
+def resolved(name, *argv):
+    """A named config as a run records it in config.json (vocab_size: the char tokenizer's 65)."""
+    return replace(load_config(name, list(argv)), vocab_size=65).to_dict()
+
+
+def three_seeds(val):
+    """metrics.jsonl records of three runs; val[seed][i] is seed's val loss at STEPS[i]."""
+    return [[{"step": s, "loss": v + 0.1, "lr": 1e-3} for s, v in zip(STEPS[1:], vals[1:])]
+            + [{"step": s, "train_loss": v - 0.1, "val_loss": v} for s, v in zip(STEPS, vals)] for vals in val]
+
+
+def make(tmp_path, val, cfg=None):
+    data = build("tiny", cfg or resolved("tiny"), three_seeds(val), [1, 2, 3], "python bench.py ...", "cpu", "float32")
+    return Reference.load(write(data, tmp_path / "tiny.json"))
+
+
+def test_band_is_min_mean_max_over_seeds_linear_between_steps(tmp_path):
+    ref = make(tmp_path, [[4.0, 3.0, 2.0], [4.2, 3.1, 2.3], [4.1, 3.2, 2.1]])
+    assert ref.data["final_val_loss"] == [2.0, 2.3, 2.1] and ref.data["seeds"] == [1, 2, 3]
+    assert ref.series("val_loss") == {"step": [0, 10, 20], "mean": [4.1, 3.1, 2.1333],
+                                      "min": [4.0, 3.0, 2.0], "max": [4.2, 3.2, 2.3]}
+    assert ref.band("val_loss", 10) == pytest.approx((3.0, 3.1, 3.2))
+    assert ref.band("val_loss", 5) == pytest.approx((3.5, 3.6, 3.7))  # halfway between steps 0 and 10
+    assert ref.band("val_loss", 15) == pytest.approx((2.5, 2.61665, 2.75))
+    assert ref.band("loss", 10) == pytest.approx((3.1, 3.2, 3.3)) and ref.band("loss", 5) is None  # no step 0
+    assert ref.band("val_loss", 21) is None and ref.band("val_loss", -1) is None  # never extrapolated
+    assert ref.margin("val_loss", 20) == pytest.approx(0.3) and ref.margin("val_loss", 10) == pytest.approx(0.2)
+    assert ref.means({"step": 5, "val_loss": 9.0, "lr": 1.0}) == {"ref_val_loss": 3.6}
+
+
+def test_a_step_only_some_seeds_logged_is_left_out(tmp_path):
+    runs = three_seeds([[4.0, 3.0, 2.0]] * 3)
+    runs[1] = [r for r in runs[1] if r["step"] != 10]
+    data = build("tiny", resolved("tiny"), runs, [1, 2, 3], "", "cpu", "float32")
+    assert data["series"]["val_loss"]["step"] == [0, 20] and data["series"]["loss"]["step"] == [20]
+
+
+def test_match_rule_changed_lr_or_layers_means_no_band(tmp_path, monkeypatch):
+    monkeypatch.setattr(reference, "REFERENCE_DIR", tmp_path)
+    ref = make(tmp_path, [[4.0, 3.0, 2.0]] * 3)
+    same = resolved("tiny", "--seed", "7", "--eval-interval", "5", "--out-dir", "elsewhere", "--dtype", "float32",
+                    "--threads", "1", "--attention", "explicit", "--resume", "--wandb")
+    assert Reference.matching(same).path == ref.path
+    assert ref.mismatches(resolved("tiny", "--lr", "2e-3")) == ["lr"]
+    assert ref.mismatches(resolved("tiny", "--n-layer", "3")) == ["n_layer"]
+    assert ref.mismatches(resolved("tiny", "--max-iters", "30")) == ["max_iters"]  # the schedule stretches
+    assert ref.mismatches(resolved("tiny", "--batch-size", "8")) == ["batch_size", "tokens_per_step"]
+    assert ref.mismatches(resolved("tiny", "--max-time", "5")) == ["max_time"]  # an lr schedule by the clock
+    # tokens_per_step 0: one micro-batch per process, so two DDP processes take twice the reference's batch
+    assert ref.mismatches(resolved("tiny"), world_size=2) == ["tokens_per_step"]
+    assert ref.mismatches(resolved("tiny", "--tokens-per-step", "128")) == []  # 4 x 32, spelled out
+    assert Reference.matching(resolved("tiny", "--lr", "2e-3")) is None
+    assert Reference.matching(resolved("small")) is None
+    # a field added after the reference was made matches at its default, not otherwise
+    del ref.data["config"]["qk_norm"]
+    assert ref.mismatches(resolved("tiny")) == [] and ref.mismatches(resolved("tiny", "--qk-norm")) == ["qk_norm"]
+
+
+@pytest.mark.parametrize("path", sorted(reference.REFERENCE_DIR.glob("*.json")), ids=lambda p: p.stem)
+def test_shipped_references_match_their_configs(path):
+    ref, name = Reference.load(path), path.stem
+    assert ref.mismatches(resolved(name)) == [], f"configs/{name}.py changed: rerun `{ref.data['command']}`"
+    assert len(ref.data["seeds"]) >= 3 and ref.data["command"].startswith(f"python bench.py reference --config {name}")
+    assert all(ref.data[k] for k in ("machine", "device", "dtype", "date", "torch"))
+    val = ref.series("val_loss")
+    assert val["step"][0] == 0 and val["step"][-1] == ref.data["config"]["max_iters"]
+    assert all(lo <= mean <= hi for lo, mean, hi in zip(val["min"], val["mean"], val["max"]))
+
+
+def test_check_flags_only_clearly_outside(tmp_path):
+    ref = make(tmp_path, [[4.0, 3.0, 2.0], [4.2, 3.1, 2.3], [4.1, 3.2, 2.1]])  # at step 10: 3.0-3.2, margin 0.2
+    assert ref.check(10, {"val_loss": 3.39, "train_loss": 9.0}) is None  # outside the band, within the margin
+    assert ref.check(10, {"val_loss": 2.81}) is None
+    line = ref.check(10, {"val_loss": 3.41})
+    assert "step 10 val loss 3.4100 is above the tiny reference band (3.0000-3.2000" in line
+    assert "is below" in ref.check(10, {"val_loss": 2.79}) and "lr or batch size" in ref.check(10, {"val_loss": 2.79})
+    flat = make(tmp_path, [[4.0, 3.0, 2.0]] * 3)  # seeds that agree exactly still leave MIN_MARGIN
+    assert flat.check(10, {"val_loss": 3.0 + MIN_MARGIN * 0.9}) is None and flat.check(10, {"val_loss": 3.03})
+    assert flat.check(25, {"val_loss": 9.0}) is None  # past the reference: no band, no line
+
+
+def tiny_run(tmp_path, data_root, *argv):
+    cfg = load_config("tiny", ["--device", "cpu", "--sample-tokens", "0", *argv])
+    return train.train(replace(cfg, out_dir=str(tmp_path / "run"), data_root=str(data_root)))
+
+
+def test_out_of_band_run_prints_one_line_per_eval_and_goes_on(tmp_path, data_root, monkeypatch, capsys):
+    refs = tmp_path / "refs"
+    monkeypatch.setattr(reference, "REFERENCE_DIR", refs)
+    make(refs, [[1.0, 0.9, 0.8], [1.1, 1.0, 0.9], [1.0, 1.0, 1.0]])  # far below what tiny reaches (~4)
+    result = tiny_run(tmp_path, data_root)
+    assert result["step"] == 20 and result["stopped"] == "max_iters"  # a note, not a stop
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: step")]
+    assert [n.split()[2] for n in notes] == ["0", "10", "20"]
+    assert all("is above the tiny reference band" in n for n in notes)
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["ref_val_loss"] for r in lines if "val_loss" in r] == [1.0333, 0.9667, 0.9]  # the separate series
+    assert [r["step"] for r in lines if "ref_loss" in r] == list(range(10, 21))  # its train loss spans 10-20
+    assert (tmp_path / "run" / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+    tiny_run(tmp_path, data_root, "--lr", "2e-3")  # another lr: no band, no notes, no reference series
+    assert "note: step" not in capsys.readouterr().out
+    assert "ref_val_loss" not in (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+def test_a_new_seed_of_tiny_stays_inside_the_shipped_band(tmp_path, data_root, capsys):
+    result = tiny_run(tmp_path, data_root, "--seed", "99")  # not one of the reference's seeds
+    assert "note: step" not in capsys.readouterr().out
+    band = Reference.matching(resolved("tiny")).band("val_loss", 20)
+    assert band[0] - 0.03 < result["val_loss"] < band[2] + 0.03
