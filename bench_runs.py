@@ -6,6 +6,11 @@
 `time-to-loss` runs `python train.py --config C --max-time T --eval-interval 1000000000
 --sample-tokens 0 --out-dir <tmp>` (or --max-iters N; other flags go to train.py) and reports
 the whole process's wall time, start-up included, and the last val loss in metrics.jsonl.
+With --vs-nanogpt each repeat first runs nanoGPT's CPU recipe for shakespeare_char (its
+README's command: 4 layers, 4 heads, 128 wide, block 64, batch 12, 2000 steps of AdamW 1e-3
+with cosine decay, learned positions, float32, evaluating 20 batches every 250 steps) on our
+trainer, whose steps time the same as plain PyTorch's (`bench.py train --impl both`); its final
+checkpoint is then scored on the whole val split, untimed, and a last line gives ours/nanoGPT.
 
 `reference` runs `python train.py --config C --sample-tokens 0 --seed S --out-dir <tmp>` (other
 flags go to train.py) for S = the config's seed, seed + 1, ..., one after another, and writes
@@ -35,20 +40,41 @@ def _emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
 
 
-def _train_py(config: str, flags: list[str]) -> tuple[float, str, list[dict[str, Any]], dict[str, Any]]:
+# nanoGPT's README command for CPUs (train_shakespeare_char.py with --device=cpu --compile=False
+# --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4
+# --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0), as our flags.
+NANOGPT_CPU = ["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--block-size", "64", "--batch-size", "12",
+               "--dropout", "0", "--bias", "false", "--pos-emb", "learned", "--norm", "layernorm",
+               "--activation", "gelu_exact", "--qk-norm", "false", "--tie-weights", "true", "--attention", "sdpa",
+               "--optimizer", "adamw", "--lr", "1e-3", "--min-lr", "1e-4", "--warmup-iters", "100",
+               "--lr-schedule", "cosine", "--lr-decay-iters", "2000", "--max-iters", "2000", "--beta2", "0.99",
+               "--weight-decay", "0.1", "--grad-clip", "1.0", "--tokens-per-step", "0", "--dtype", "float32",
+               "--eval-interval", "250", "--eval-iters", "20", "--log-interval", "1"]
+
+
+def _run(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        # train.py's own one-line error says what to fix; a crash's last line says what broke
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("error: ")
+        raise UserError(f"{' '.join(cmd[1:4])} exited {proc.returncode}: {last}")
+    return proc.stdout
+
+
+def _train_py(config: str, flags: list[str], score_whole_val: bool = False
+              ) -> tuple[float, str, list[dict[str, Any]], dict[str, Any]]:
     """One `python train.py --config C --sample-tokens 0 <flags>` in a temporary out dir:
-    (whole-process wall seconds, stdout, its metrics.jsonl records, its config.json)."""
+    (whole-process wall seconds, stdout, its metrics.jsonl records, its config.json). With
+    score_whole_val the last record's val_loss is then measured on the whole val split (untimed)."""
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
-        cmd = [sys.executable, "train.py", "--config", config, "--sample-tokens", "0", *flags, "--out-dir", tmp]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent, capture_output=True, text=True, check=False)
+        stdout = _run([sys.executable, "train.py", "--config", config, "--sample-tokens", "0", *flags, "--out-dir", tmp])
         wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            # train.py's own one-line error says what to fix; a crash's last line says what broke
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("error: ")
-            raise UserError(f"train.py --config {config} exited {proc.returncode}: {last}")
         records = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
-        return wall, proc.stdout, records, json.loads((Path(tmp) / "config.json").read_text())
+        if score_whole_val:
+            scored = _run([sys.executable, "train.py", "--config", tmp, "--eval-only", "--out-dir", tmp])
+            [r for r in records if "val_loss" in r][-1]["val_loss"] = float(re.search(r"val\s+loss (\S+)", scored).group(1))
+        return wall, stdout, records, json.loads((Path(tmp) / "config.json").read_text())
 
 
 # ---------------------------------------------------------------------------- time-to-loss
@@ -62,6 +88,8 @@ def add_time_to_loss_parser(sub: argparse._SubParsersAction) -> None:
     budget.add_argument("--max-iters", type=int, default=0, help="train.py --max-iters instead of --max-time")
     p.add_argument("--target", type=float, default=1.88, help="val loss to reach")
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0, help="train.py --threads, for both runs")
+    p.add_argument("--vs-nanogpt", action="store_true", help="run nanoGPT's CPU recipe before each of ours")
     p.set_defaults(func=bench_time_to_loss, passthrough=True)
 
 
@@ -72,17 +100,28 @@ def bench_time_to_loss(args: argparse.Namespace) -> None:
 
     budget = ["--max-iters", str(args.max_iters)] if args.max_iters else ["--max-time", str(args.max_time)]
     device = machine("cuda" if torch.cuda.is_available() else "cpu")
+    threads = ["--threads", str(args.threads)]
+    runs = {"nanogpt": ("small", NANOGPT_CPU + threads)} if args.vs_nanogpt else {}
+    runs["ours"] = (args.config, [*budget, "--eval-interval", "1000000000", *threads, *args.extra])
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     for _ in range(args.repeats):
-        wall, stdout, records, _ = _train_py(args.config, [*budget, "--eval-interval", "1000000000", *args.extra])
-        evals = [r for r in records if "val_loss" in r]
-        stopped = re.search(r"stopped at step \d+ \((\w+)\)", stdout)
-        _emit({
-            "bench": "time-to-loss", "config": args.config, "device": device,
-            "max_time": None if args.max_iters else args.max_time, "max_iters": args.max_iters or None,
-            "extra": args.extra, "wall_s": round(wall, 2), "val_loss": round(evals[-1]["val_loss"], 4),
-            "target": args.target, "reached": evals[-1]["val_loss"] <= args.target,
-            "steps": evals[-1]["step"], "stopped": stopped and stopped.group(1),
-        })
+        for name, (config, flags) in runs.items():
+            wall, stdout, records, _ = _train_py(config, flags, score_whole_val=name == "nanogpt")
+            last = [r for r in records if "val_loss" in r][-1]
+            val, step = last["val_loss"], last["step"]
+            results[name].append((wall, val))
+            stopped = re.search(r"stopped at step \d+ \((\w+)\)", stdout)
+            _emit({"bench": "time-to-loss", "run": name, "config": config, "device": device,
+                   "flags": flags if name == "nanogpt" else [*threads, *args.extra],
+                   "max_time": None if args.max_iters or name == "nanogpt" else args.max_time,
+                   "max_iters": 2000 if name == "nanogpt" else args.max_iters or None,
+                   "wall_s": round(wall, 2), "val_loss": round(val, 4), "target": args.target,
+                   "reached": val <= args.target, "steps": step, "stopped": stopped and stopped.group(1)})
+    if args.vs_nanogpt:
+        (ref_wall, ref_val), (wall, val) = ([statistics.median(x) for x in zip(*results[n])] for n in runs)
+        _emit({"bench": "time-to-loss", "ours_wall_over_nanogpt": round(wall / ref_wall, 3),
+               "ours_val": round(val, 4), "nanogpt_val": round(ref_val, 4), "ours_reached_nanogpt": val <= ref_val,
+               "medians_of": args.repeats})
 
 
 # ---------------------------------------------------------------------------- reference

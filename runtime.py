@@ -144,7 +144,12 @@ def _pick_device(device: str, m: Machine, local_rank: int) -> str:
 
 def _pick_dtype(dtype: str, row: str, training: bool = True) -> torch.dtype:
     if dtype == "auto":
-        # Decoding one token at a time is overhead-bound on CPU, and fp32 is faster there.
+        # Sampling on a bf16 CPU stays float32 at every size measured (bench.py sample, 1 thread,
+        # Sapphire Rapids): the small char model's eager bf16 decoding ran 0.60x float32's tokens/s
+        # (per-op overhead, plus casts), GPT-2 124M's 0.92-0.96x eager and 0.86-1.01x compiled:
+        # one-row bf16 matmuls (oneDNN, prepacked by inductor's freezing or not) read ~6 GB/s
+        # where float32's read ~10 GB/s, so halving the bytes does not pay. Fewer bytes that do
+        # pay: weight-only int8 (sample.py --quantize int8), a quality trade, so never automatic.
         return torch.float32 if row == "cpu bf16" and not training else TABLE[row][0]
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in table:

@@ -61,7 +61,8 @@ class TrainConfig:
     bias: bool = _field(True, "biases in Linear layers and norms, as GPT-2 has")
     pos_emb: Literal["learned", "rope"] = _field("learned", "learned absolute positions (GPT-2) or rotary")
     norm: Literal["layernorm", "rmsnorm"] = _field("layernorm", "LayerNorm (GPT-2) or RMSNorm")
-    activation: Literal["gelu", "relu2"] = _field("gelu", "GPT-2's tanh GELU, or relu(x)^2")
+    activation: Literal["gelu", "gelu_exact", "relu2"] = _field("gelu", "GPT-2's tanh GELU, the exact (erf) GELU, "
+                                                                  "or relu(x)^2")
     qk_norm: bool = _field(False, "normalise queries and keys per head before their dot product")
     tie_weights: bool = _field(True, "lm_head shares its weight with the token embedding")
     attention: Literal["sdpa", "explicit"] = _field("sdpa", "F.scaled_dot_product_attention or the spelled-out "

@@ -71,7 +71,8 @@ class CausalSelfAttention(nn.Module):
         context: (B, Tc, C) keys/values come from here instead of x (cross-attention, no
             causal mask). padding_mask: (B, Tk) bool, True marks a real key; valid_lens: (B,)
             the same thing for right-padded keys. rotary: (cos, sin) for the query positions.
-            kv_cache: keys/values of earlier positions; this call appends to it.
+            kv_cache: keys/values of earlier positions; this call writes the step's slots
+            (KVCache.begin, called by the GPT) and attends by the cache's mask instead.
         """
         B, T, C = x.size()
         if context is None:
@@ -91,18 +92,19 @@ class CausalSelfAttention(nn.Module):
         if rotary is not None and context is None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
 
-        offset = 0
         if kv_cache is not None:
-            offset = kv_cache.pos
-            k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nh, offset + T, hs)
+            k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nh, max_len, hs): every slot
+            mask = kv_cache.attn_mask  # (B, 1, T, max_len): which slots each query sees
+        else:
+            if valid_lens is not None:
+                padding_mask = lengths_to_mask(valid_lens, k.size(2))
+            mask = self._allowed(T, k.size(2), padding_mask, causal=context is None)
         Tk = k.size(2)
-        if valid_lens is not None:
-            padding_mask = lengths_to_mask(valid_lens, Tk)
-        mask = self._allowed(T, Tk, offset, padding_mask, causal=context is None)
 
-        if self.use_sdpa and not return_attention:
+        # Compiled, the explicit form fuses into the step's own kernels; SDPA stays a library call.
+        if self.use_sdpa and not return_attention and not torch.compiler.is_compiling():
             # Without an extra mask the plain causal case can use the flash kernel's is_causal.
-            plain_causal = mask is None and context is None and offset == 0
+            plain_causal = mask is None and context is None
             y = F.scaled_dot_product_attention(
                 q, k, v,
                 attn_mask=None if plain_causal else mask,
@@ -113,7 +115,7 @@ class CausalSelfAttention(nn.Module):
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_size))  # (B, nh, T, Tk)
             if mask is None and context is None:
-                mask = ~self.causal_mask[offset : offset + T, :Tk]
+                mask = ~self.causal_mask[:T, :Tk]
             if mask is not None:
                 att = att.masked_fill(~mask, float("-inf"))
             att = F.softmax(att.float(), dim=-1).type_as(q)
@@ -123,22 +125,17 @@ class CausalSelfAttention(nn.Module):
         y = self.resid_dropout(self.c_proj(y))
         return (y, att) if return_attention else y
 
-    def _allowed(
-        self, T: int, Tk: int, offset: int, padding_mask: torch.Tensor | None, causal: bool
-    ) -> torch.Tensor | None:
-        """Which keys each query may see: bool (B|1, 1, T, Tk), True = attend; None = all allowed
-        except the future (the causal fast path)."""
+    def _allowed(self, T: int, Tk: int, padding_mask: torch.Tensor | None, causal: bool) -> torch.Tensor | None:
+        """Which keys each query may see without a cache: bool (B|1, 1, T, Tk), True = attend;
+        None = all allowed except the future (the causal fast path)."""
         if padding_mask is None:
-            if causal and (offset > 0 or T != Tk) and T > 1:
-                return ~self.causal_mask[offset : offset + T, :Tk]  # chunked prefill with a cache
-            return None  # plain causal, or one query that may see every cached key
+            return None
         mask = padding_mask[:, None, None, :Tk]  # (B, Tk) -> (B, 1, 1, Tk), broadcast over heads
         if causal:
-            mask = mask & ~self.causal_mask[offset : offset + T, :Tk]
-            # A padding query sees no real key before it; letting it see itself keeps its
-            # softmax finite. Its output is garbage that nothing downstream reads.
-            own = torch.arange(Tk, device=mask.device)[None, :] == torch.arange(offset, offset + T, device=mask.device)[:, None]
-            mask = mask | own
+            # A padding query sees no real key before it; letting it see itself (the diagonal)
+            # keeps its softmax finite. Its output is garbage that nothing downstream reads.
+            eye = torch.eye(T, Tk, dtype=torch.bool, device=mask.device)
+            mask = (mask & ~self.causal_mask[:T, :Tk]) | eye
         return mask
 
 

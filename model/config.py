@@ -10,7 +10,7 @@ from errors import UserError
 CHOICES = {
     "pos_emb": ("learned", "rope"),
     "norm": ("layernorm", "rmsnorm"),
-    "activation": ("gelu", "relu2"),
+    "activation": ("gelu", "gelu_exact", "relu2"),
     "attention": ("sdpa", "explicit"),
 }
 
@@ -29,7 +29,7 @@ class GPTConfig:
     bias: bool = True  # biases in Linear layers and norms; GPT-2 has them
     pos_emb: str = "learned"  # learned absolute positions (GPT-2) or rotary
     norm: str = "layernorm"
-    activation: str = "gelu"  # GPT-2's tanh-approximated GELU, or relu(x)^2
+    activation: str = "gelu"  # GPT-2's tanh-approximated GELU, the exact (erf) one, or relu(x)^2
     qk_norm: bool = False  # normalise queries and keys per head before the dot product
     tie_weights: bool = True  # lm_head shares its weight with the token embedding
     mlp_ratio: int = 4

@@ -9,7 +9,9 @@ Shapes through one forward pass (B batch, T time, C = n_embd, V = vocab_size):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from functools import cache
 
 import torch
 import torch.nn as nn
@@ -28,11 +30,14 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
-        self.relu2 = config.activation == "relu2"
+        self.activation = config.activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.c_fc(x)  # (B, T, C) -> (B, T, 4C)
-        h = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
+        if self.activation == "relu2":
+            h = F.relu(h).square()
+        else:  # torch's CPU kernels for the tanh form run 2-5x slower than for the exact one
+            h = F.gelu(h, approximate="tanh" if self.activation == "gelu" else "none")
         return self.dropout(self.c_proj(h))  # (B, T, 4C) -> (B, T, C)
 
 
@@ -148,20 +153,23 @@ class GPT(nn.Module):
         kv_cache: KVCache | None = None,
         output_hidden_states: bool = False,
         return_attention: bool = False,
+        slots: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Everything before the final norm: (B, T) ids -> residual stream (B, T, C), plus the
-        per-layer hidden states and attention weights when asked (else empty lists)."""
+        per-layer hidden states and attention weights when asked (else empty lists).
+        With kv_cache the tokens go to the cache's next slots, or to `slots` (T,) when the
+        caller claimed them (a compiled decode step reads no Python int that changes)."""
         B, T = idx.size()
-        offset = kv_cache.pos if kv_cache is not None else 0
-        if offset + T > self.config.block_size:
-            raise ValueError(f"sequence of length {offset + T} is longer than block_size {self.config.block_size}")
         if valid_lens is not None:
             padding_mask = lengths_to_mask(valid_lens, T)
-        key_mask = kv_cache.extend_mask(padding_mask, T) if kv_cache is not None else padding_mask
-        if key_mask is None:
-            pos = torch.arange(offset, offset + T, device=idx.device)[None, :]  # (1, T)
+        if kv_cache is not None:  # the cache's attn_mask carries the padding from here on
+            pos = kv_cache.begin(kv_cache.claim(T) if slots is None else slots, padding_mask)  # (B, T)
+        elif T > self.config.block_size:
+            raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
+        elif padding_mask is None:
+            pos = torch.arange(T, device=idx.device)[None, :]  # (1, T)
         else:  # a left-padded row starts counting at its first real token
-            pos = (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, offset:]  # (B, T)
+            pos = (padding_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
 
         x = self.transformer.wte(idx)  # (B, T) -> (B, T, C)
         if self.rotary is None:
@@ -170,14 +178,12 @@ class GPT(nn.Module):
         x = self.transformer.drop(x)
         hidden, attentions = [x], []
         for block in self.transformer.h:
-            x = block(x, padding_mask=key_mask, rotary=rotary, kv_cache=kv_cache, return_attention=return_attention)
+            x = block(x, padding_mask=padding_mask, rotary=rotary, kv_cache=kv_cache, return_attention=return_attention)
             if return_attention:
                 x, att = x
                 attentions.append(att)
             if output_hidden_states:
                 hidden.append(x)
-        if kv_cache is not None:
-            kv_cache.pos += T
         return x, hidden, attentions
 
     @torch.no_grad()
@@ -192,6 +198,7 @@ class GPT(nn.Module):
         padding_mask: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
+        compile: bool = False,
     ) -> Iterator[torch.Tensor]:
         """Yield (B,) new token ids, one step at a time, for streaming.
 
@@ -200,48 +207,112 @@ class GPT(nn.Module):
         from its last block_size // 2 tokens (re-prefill, row by row, so a batch decodes exactly
         like its rows one at a time), so decoding never stops for length.
         use_cache=False recomputes the last block_size tokens every step (the reference).
+        compile=True runs DECODE_CHUNK one-token steps per torch.compile'd call (the same code,
+        unrolled: the cache is static, so it traces once per model, batch size and cache length,
+        a multiple of block_size / 8; worth it for small models, whose eager steps are mostly per-op overhead).
         Rows that produced eos_id keep yielding eos_id; the iterator ends when all have.
         temperature 0 means greedy. The model is put in eval mode while generating.
         """
         was_training = self.training
         self.eval()
         try:
-            yield from self._generate(idx, max_new_tokens, temperature, top_k, top_p, eos_id, padding_mask, generator, use_cache)
+            yield from self._generate(idx, max_new_tokens, temperature, top_k, top_p, eos_id, padding_mask,
+                                      generator, use_cache, compile)
         finally:
             self.train(was_training)
 
-    def _generate(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, padding_mask, generator, use_cache):
-        block_size = self.config.block_size
-        B = idx.size(0)
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """The next-token logits from the last position: (B, T, C) -> (B, V)."""
+        return self.lm_head(self.transformer.ln_f(x[:, -1]))
+
+    def _decode_steps(self, idx: torch.Tensor, slots: torch.Tensor, cache: KVCache, noise: torch.Tensor | None,
+                      sampling: tuple) -> torch.Tensor:
+        """(B, 1) tokens, then one step per cache slot in slots (K,) the caller claimed, each feeding
+        the token the step before drew (with sample_next(*sampling), noise[i] of (K, B, V)) -> (K, B).
+        Compiled, the loop is unrolled: one call decodes K tokens for one call's overhead."""
+        toks = []
+        for i in range(slots.size(0)):
+            x = self.trunk(idx, kv_cache=cache, slots=slots[i : i + 1])[0]
+            toks.append(sample_next(self._head(x), *sampling, noise=None if noise is None else noise[i]))
+            idx = toks[-1][:, None]
+        return torch.stack(toks)
+
+    def _generate(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, padding_mask, generator, use_cache,
+                  compile):
+        block_size, B, V = self.config.block_size, idx.size(0), self.config.vocab_size
         mask = padding_mask if padding_mask is not None and not bool(padding_mask.all()) else None
         done = torch.zeros(B, dtype=torch.bool, device=idx.device)
-        cache, next_input = None, None
-        for _ in range(max_new_tokens):
+        cache, next_input, window, checked, n = None, None, slice(-block_size, None), False, 0
+        sampling, chunk = (temperature, top_k, top_p), DECODE_CHUNK if compile else 1
+
+        def draw(k: int) -> torch.Tensor | None:  # (k, B, V) noise for k steps, drawn here, from the caller's
+            # generator, one step at a time, so every path (eager, compiled, uncached) samples alike
+            return None if temperature == 0 else torch.stack(
+                [torch.empty(B, V, device=idx.device).exponential_(generator=generator) for _ in range(k)])
+
+        def first(x: torch.Tensor) -> torch.Tensor:  # the prefill's or a recompute's (B, T, C) -> (1, B) tokens
+            noise = draw(1)
+            return sample_next(self._head(x), *sampling, noise=None if noise is None else noise[0])[None]
+
+        while n < max_new_tokens:
             if not use_cache:
-                window = slice(-block_size, None)
                 x, _, _ = self.trunk(idx[:, window], None if mask is None else mask[:, window])
-            elif cache is None:
-                cache = KVCache(self.config, B, block_size, idx.device, self.transformer.wte.weight.dtype)
-                window = slice(-block_size, None)
+                toks = first(x)
+            elif cache is None:  # the prefill fills the prompt's slots, each later step one more
+                cache = KVCache(self.config, B, cache_slots(block_size, idx[:, window].size(1) + max_new_tokens - 1,
+                                                            compile), idx.device, self.transformer.wte.weight.dtype)
                 x, _, _ = self.trunk(idx[:, window], None if mask is None else mask[:, window], kv_cache=cache)
+                toks = first(x)
                 # real tokens per row in the cache; they always fill the cache's last lens[b] slots
                 lens = mask[:, window].sum(1).tolist() if mask is not None else [cache.pos] * B
             else:
-                cache.slide(lens, idx, self.trunk)
-                x, _, _ = self.trunk(next_input, kv_cache=cache)
-                lens = [n + 1 for n in lens]
-            logits = self.lm_head(self.transformer.ln_f(x[:, -1]))  # (B, C) -> (B, V)
-            tok = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
-            if eos_id is not None:
-                tok = torch.where(done, torch.full_like(tok, eos_id), tok)
-                done |= tok == eos_id
-            yield tok
-            next_input = tok[:, None]
-            idx = torch.cat([idx[:, -block_size:], next_input], dim=1)  # no step reads further back
-            if mask is not None:
-                mask = torch.cat([mask[:, -block_size:], torch.ones_like(next_input, dtype=torch.bool)], dim=1)
-            if eos_id is not None and bool(done.all()):
-                return
+                cache.slide(lens, idx, self.trunk, room=chunk)
+                # compiled: `chunk` tokens a call while no slide falls inside them, else eager steps
+                K = chunk if min(cache.max_len - cache.pos, block_size - max(lens), max_new_tokens - n) >= chunk else 1
+                step = compiled_decode_steps() if K > 1 else GPT._decode_steps
+                # Once a compiled step has run, nothing its guards check changes within this
+                # generate(): skip them (they cost as much as a small model's arithmetic).
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=True) if checked and K > 1 else nullcontext():
+                    toks = step(self, next_input, cache.claim(K), cache, draw(K), sampling)  # (K, B)
+                checked, lens = checked or K > 1, [m + K for m in lens]
+            for tok in toks:  # (B,) each
+                if eos_id is not None:
+                    tok = torch.where(done, torch.full_like(tok, eos_id), tok)
+                    done |= tok == eos_id
+                yield tok
+                n, next_input = n + 1, tok[:, None]
+                idx = torch.cat([idx[:, -block_size:], next_input], dim=1)  # no step reads further back
+                if mask is not None:
+                    mask = torch.cat([mask[:, -block_size:], torch.ones_like(next_input, dtype=torch.bool)], dim=1)
+                if (eos_id is not None and bool(done.all())) or n == max_new_tokens:
+                    return
+
+
+# Tokens per compiled call: 4 amortises the call's overhead (~0.4 ms) over 4 steps of the small
+# model (~0.3 ms of arithmetic each), and compiles in about twice one step's time. bench.py sample.
+DECODE_CHUNK = 4
+
+
+def cache_slots(block_size: int, needed: int, compile: bool) -> int:
+    """KV cache slots for a prompt plus new tokens needing `needed`, at most block_size (past it
+    the cache slides). Compiled, rounded up to a multiple of block_size / 8: each size is its own
+    graph, so at most 8 serve every length, while attention (which reads every slot) reads few
+    more than the run needs (GPT-2's 1024 slots for a 263-token run made its step no faster than
+    eager; 512 slots decoded int8 GPT-2 at 2.08x transformers, 263 at 2.35x)."""
+    step = max(1, block_size // 8)
+    return min(block_size, -(-needed // step) * step if compile else needed)
+
+
+@cache
+def compiled_decode_steps() -> Callable[..., torch.Tensor]:
+    """GPT._decode_steps through torch.compile, made once per process; every model shares it
+    (parameters are graph inputs, so models of one shape share a graph too).
+    decompose_mm_pass: one-row matmuls become loops inductor fuses with their neighbours,
+    instead of a library call each. size_asserts off: the step's shapes are fixed, and
+    checking ~60 of them per call cost more than a small model's arithmetic."""
+    options = {"post_grad_fusion_options": {"decompose_mm_pass": {}}, "size_asserts": False}
+    return torch.compile(GPT._decode_steps, fullgraph=True, dynamic=False, options=options)
+
 
 def sample_next(
     logits: torch.Tensor,
@@ -249,9 +320,11 @@ def sample_next(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B, V) logits -> (B,) token ids. temperature 0 is greedy; top_k keeps the k likeliest,
-    top_p the smallest set whose probability reaches p (nucleus)."""
+    top_p the smallest set whose probability reaches p (nucleus). noise: (B, V) Exp(1) draws
+    to sample with (default: drawn from generator)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -265,5 +338,10 @@ def sample_next(
         drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
+    # A draw from probs: the index of the smallest of independent Exp(1) / p_i (an exponential
+    # race; each Exp(1) / p_i is exponential with rate p_i). Exact, like torch.multinomial,
+    # and half its cost per step, which checks its input with an extra pass.
     probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if noise is None:
+        noise = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)

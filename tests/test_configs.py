@@ -103,8 +103,9 @@ def test_help_shows_the_selected_configs_values_and_every_field(capsys):
     lines = out.splitlines()
     assert any("--pos-emb {learned,rope}" in line for line in lines)
     flat = "".join(out.split())  # argparse wraps long help lines
-    for text in ("learnedabsolutepositions(GPT-2)orrotary(default:'rope')", "(default:'muon')", "(default:1800)",
-                 "(default:0.003)", "finetune_gpt2,gpt2,shakespeare_gpu,small,tiny"):
+    small = load_config("small", [])
+    for text in ("learnedabsolutepositions(GPT-2)orrotary(default:'rope')", "(default:'muon')",
+                 f"(default:{small.max_iters})", f"(default:{small.lr})", "finetune_gpt2,gpt2,shakespeare_gpu,small,tiny"):
         assert text in flat
     for f in fields(TrainConfig):
         assert f"--{f.name.replace('_', '-')}" in out and "".join(f.metadata["help"].split()) in flat

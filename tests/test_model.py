@@ -48,6 +48,17 @@ def test_config_dict_round_trip():
     assert GPTConfig.from_dict({**c.to_dict(), "unknown_future_field": 1}) == c
 
 
+@pytest.mark.parametrize("activation, reference", [("gelu", torch.nn.GELU("tanh")), ("gelu_exact", torch.nn.GELU()),
+                                                    ("relu2", lambda h: torch.relu(h) ** 2)])
+def test_mlp_activation_is_the_one_named(activation, reference):
+    mlp = make(activation=activation).transformer.h[0].mlp
+    seen = []
+    mlp.c_proj.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    x = 30 * torch.randn(2, 5, 16)  # pre-activations of order 1, where the GELU forms differ by ~1e-3
+    mlp(x)
+    torch.testing.assert_close(seen[0], reference(mlp.c_fc(x)))
+
+
 @VARIANTS
 def test_shapes_and_loss(arch):
     m = make(**arch)

@@ -55,6 +55,7 @@ def test_muon_optimizer_trains_and_orthogonalizes():
     muon = [o for o in opt.optimizers if isinstance(o, Muon)][0]
     assert {id(p) for p in muon.param_groups[0]["params"]} == {
         id(p) for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2}
+    assert muon.param_groups[0]["weight_decay"] == load_config("tiny").weight_decay > 0  # decayed like AdamW's matrices
     x = torch.randint(0, 11, (4, 8), generator=torch.Generator().manual_seed(1))
     losses = []
     for _ in range(30):
@@ -69,6 +70,23 @@ def test_muon_optimizer_trains_and_orthogonalizes():
     again.load_state_dict(state)
     assert torch.equal(again.optimizers[1].state[muon.param_groups[0]["params"][0]]["momentum_buffer"],
                        muon.state[muon.param_groups[0]["params"][0]]["momentum_buffer"])
+
+
+def test_muon_takes_the_steps_of_torch_optim_muon():
+    """Ours batches the Newton-Schulz iteration over same-shape matrices; the rule is torch's."""
+    gen = torch.Generator().manual_seed(0)
+    ours = [torch.randn(s, generator=gen) for s in [(48, 16), (16, 48), (48, 16)]]
+    theirs = [p.clone() for p in ours]
+    opts = [Muon(ours, lr=0.02), torch.optim.Muon(theirs, lr=0.02, weight_decay=0.0)]
+    start = [p.clone() for p in ours]
+    for _ in range(3):
+        grads = [torch.randn(p.shape, generator=gen) for p in ours]
+        for params, opt in zip((ours, theirs), opts):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            opt.step()
+    for a, b, p0 in zip(ours, theirs, start):  # both orthogonalize in bf16: a few % apart, not O(1)
+        assert (a - b).norm() < 0.05 * (b - p0).norm()
 
 
 def test_exact_resume_then_sample(tmp_path, data_root):
