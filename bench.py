@@ -176,7 +176,7 @@ def bench_train(args: argparse.Namespace) -> None:
     runs: dict[str, dict[str, Any]] = {}
     if "ours" in impls:
         model = ours.to(rt.device)
-        opt = configure_optimizer(model, cfg, fused=rt.plan.fused_adamw)
+        opt = configure_optimizer(model, cfg, fused=rt.plan.fused_adamw, dtype=rt.plan.dtype)
         fwd = torch.compile(model) if rt.plan.compile else model  # the table may turn it off
         data = SimpleNamespace(next_step=itertools.cycle(pool).__next__)  # what forward_backward reads
 

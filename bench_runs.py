@@ -1,16 +1,18 @@
 """Benchmarks that run `python train.py` as a whole process; bench.py's CLI registers them.
 
     python bench.py time-to-loss --config small --max-time 45 --target 1.88 --repeats 1
+    python bench.py time-to-loss --config small --vs-nanogpt --fractions 0.25 1 --target 1.55
     python bench.py reference --config small --seeds 5 --eval-interval 150 --threads 1
 
-`time-to-loss` runs `python train.py --config C --max-time T --eval-interval 1000000000
---sample-tokens 0 --out-dir <tmp>` (or --max-iters N; other flags go to train.py) and reports
+`time-to-loss` runs `python train.py --config C --max-time T --max-iters 1000000000 --eval-interval
+1000000000 --sample-tokens 0 --out-dir <tmp>` (or --max-iters N; other flags go to train.py) and reports
 the whole process's wall time, start-up included, and the last val loss in metrics.jsonl.
 With --vs-nanogpt each repeat first runs nanoGPT's CPU recipe for shakespeare_char (its
 README's command: 4 layers, 4 heads, 128 wide, block 64, batch 12, 2000 steps of AdamW 1e-3
 with cosine decay, learned positions, float32, evaluating 20 batches every 250 steps) on our
 trainer, whose steps time the same as plain PyTorch's (`bench.py train --impl both`); its final
 checkpoint is then scored on the whole val split, untimed, and a last line gives ours/nanoGPT.
+--fractions F ... replace ours' budget with F x nanoGPT's measured wall time, one run each.
 
 `reference` runs `python train.py --config C --sample-tokens 0 --seed S --out-dir <tmp>` (other
 flags go to train.py) for S = the config's seed, seed + 1, ..., one after another, and writes
@@ -86,6 +88,8 @@ def add_time_to_loss_parser(sub: argparse._SubParsersAction) -> None:
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--max-time", type=float, default=45.0, help="train.py --max-time (s)")
     budget.add_argument("--max-iters", type=int, default=0, help="train.py --max-iters instead of --max-time")
+    budget.add_argument("--fractions", type=float, nargs="+", default=[],
+                        help="with --vs-nanogpt: one run of ours per F, in F x nanoGPT's whole-process wall time")
     p.add_argument("--target", type=float, default=1.88, help="val loss to reach")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="train.py --threads, for both runs")
@@ -93,35 +97,49 @@ def add_time_to_loss_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=bench_time_to_loss, passthrough=True)
 
 
+def _timed_run(config: str, flags: list[str], score_whole_val: bool = False) -> dict[str, Any]:
+    wall, stdout, records, _ = _train_py(config, flags, score_whole_val)
+    last = [r for r in records if "val_loss" in r][-1]
+    stopped = re.search(r"stopped at step \d+ \((\w+)\) after (\S+)s", stdout)
+    return {"wall_s": round(wall, 2), "val_loss": round(last["val_loss"], 4), "steps": last["step"],
+            "stopped": stopped.group(1), "train_s": float(stopped.group(2))}
+
+
 def bench_time_to_loss(args: argparse.Namespace) -> None:
     import torch
 
     from reference import machine
 
-    budget = ["--max-iters", str(args.max_iters)] if args.max_iters else ["--max-time", str(args.max_time)]
+    if args.fractions and not args.vs_nanogpt:
+        raise UserError("--fractions are of nanoGPT's wall time: add --vs-nanogpt")
     device = machine("cuda" if torch.cuda.is_available() else "cpu")
     threads = ["--threads", str(args.threads)]
-    runs = {"nanogpt": ("small", NANOGPT_CPU + threads)} if args.vs_nanogpt else {}
-    runs["ours"] = (args.config, [*budget, "--eval-interval", "1000000000", *threads, *args.extra])
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    common = {"bench": "time-to-loss", "device": device, "target": args.target}
+    ratios: dict[float | None, list[tuple[float, float, float]]] = {}
     for _ in range(args.repeats):
-        for name, (config, flags) in runs.items():
-            wall, stdout, records, _ = _train_py(config, flags, score_whole_val=name == "nanogpt")
-            last = [r for r in records if "val_loss" in r][-1]
-            val, step = last["val_loss"], last["step"]
-            results[name].append((wall, val))
-            stopped = re.search(r"stopped at step \d+ \((\w+)\)", stdout)
-            _emit({"bench": "time-to-loss", "run": name, "config": config, "device": device,
-                   "flags": flags if name == "nanogpt" else [*threads, *args.extra],
-                   "max_time": None if args.max_iters or name == "nanogpt" else args.max_time,
-                   "max_iters": 2000 if name == "nanogpt" else args.max_iters or None,
-                   "wall_s": round(wall, 2), "val_loss": round(val, 4), "target": args.target,
-                   "reached": val <= args.target, "steps": step, "stopped": stopped and stopped.group(1)})
-    if args.vs_nanogpt:
-        (ref_wall, ref_val), (wall, val) = ([statistics.median(x) for x in zip(*results[n])] for n in runs)
-        _emit({"bench": "time-to-loss", "ours_wall_over_nanogpt": round(wall / ref_wall, 3),
-               "ours_val": round(val, 4), "nanogpt_val": round(ref_val, 4), "ours_reached_nanogpt": val <= ref_val,
-               "medians_of": args.repeats})
+        ref = None
+        if args.vs_nanogpt:
+            ref = _timed_run("small", NANOGPT_CPU + threads, score_whole_val=True)
+            _emit({**common, "run": "nanogpt", "flags": NANOGPT_CPU + threads, **ref, "reached": ref["val_loss"] <= args.target})
+        times = {None: args.max_time}
+        if args.fractions:
+            # ours gets F x nanoGPT's whole-process wall, less the start-up and exit both processes
+            # share (nanoGPT's wall outside train()), so ours' whole process takes about F x as long
+            times = {f: round(f * ref["wall_s"] - (ref["wall_s"] - ref["train_s"]), 1) for f in args.fractions}
+        # a time budget is the only limit: the config's max_iters would otherwise end the run early
+        budgets = ({None: ["--max-iters", str(args.max_iters)]} if args.max_iters else
+                   {f: ["--max-time", str(t), "--max-iters", "1000000000"] for f, t in times.items()})
+        for f, budget in budgets.items():
+            ours = _timed_run(args.config, [*budget, "--eval-interval", "1000000000", *threads, *args.extra])
+            _emit({**common, "run": "ours", "config": args.config, "flags": [*budget, *threads, *args.extra],
+                   **ours, "reached": ours["val_loss"] <= args.target})
+            if ref:
+                ratios.setdefault(f, []).append((ours["wall_s"] / ref["wall_s"], ours["val_loss"], ref["val_loss"]))
+    for f, rows in ratios.items():
+        ratio, val, ref_val = (statistics.median(x) for x in zip(*rows))
+        _emit({"bench": "time-to-loss", "fraction": f, "ours_wall_over_nanogpt": round(ratio, 3), "ours_val": val,
+               "nanogpt_val": ref_val, "ours_reached_nanogpt": val <= ref_val, "ours_reached_target": val <= args.target,
+               "medians_of": len(rows)})
 
 
 # ---------------------------------------------------------------------------- reference

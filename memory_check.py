@@ -50,7 +50,7 @@ def training_steps(cfg: TrainConfig, vocab_size: int, dtype: torch.dtype, steps:
 
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(vocab_size))
-    opt = configure_optimizer(model, cfg, fused=True)
+    opt = configure_optimizer(model, cfg, fused=True, dtype=dtype)
     rt = setup(device="cpu", dtype=str(dtype).removeprefix("torch."), seed=None)
     x = torch.randint(0, vocab_size, (cfg.batch_size, cfg.block_size + 1))
     batches = SimpleNamespace(next_step=lambda: [(x[:, :-1], x[:, 1:])] * accum)  # what forward_backward reads

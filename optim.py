@@ -48,12 +48,14 @@ class Muon(torch.optim.Optimizer):
 
     Only for 2-D weights. The step is scaled by sqrt(max(1, rows / cols)) so tall and wide
     matrices move their outputs by similar amounts. Weight decay is decoupled, as in AdamW.
+    ns_dtype: the Newton-Schulz iteration's precision; bfloat16 only where its matmuls are native.
     """
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
-                 ns_steps: int = 5, weight_decay: float = 0.0):
+                 ns_steps: int = 5, weight_decay: float = 0.0, ns_dtype: torch.dtype = torch.bfloat16):
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
                                       weight_decay=weight_decay))
+        self.ns_dtype = ns_dtype
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dim() != 2:
@@ -80,7 +82,7 @@ class Muon(torch.optim.Optimizer):
                 same_shape[p.shape].append(i)
             # One batched Newton-Schulz per shape (e.g. every layer's c_fc at once): fewer, larger matmuls.
             for shape, idx in same_shape.items():
-                directions = orthogonalize(torch.stack([updates[i] for i in idx]), group["ns_steps"])
+                directions = orthogonalize(torch.stack([updates[i] for i in idx]), group["ns_steps"], self.ns_dtype)
                 scale = max(1.0, shape[0] / shape[1]) ** 0.5
                 torch._foreach_add_([params[i] for i in idx], list(directions.unbind()), alpha=-lr * scale)
 
@@ -122,10 +124,13 @@ class Chain:
                 group.update(hyper)
 
 
-def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool) -> Chain:
+def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool,
+                        dtype: torch.dtype = torch.float32) -> Chain:
     """The optimizer for cfg.optimizer. Every param group records its peak rate as
     "base_lr"; set_lr scales them all together. fused: AdamW's one-kernel step (runtime.TABLE
-    says where, through rt.plan.fused_adamw)."""
+    says where, through rt.plan.fused_adamw). dtype: the run's compute dtype (rt.plan.dtype),
+    which Muon's Newton-Schulz matmuls use too: bfloat16 where the machine has it natively,
+    float32 where bf16 is emulated (an AVX2 CPU ran small's bf16 iteration 30-50x slower)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights once
     use_muon = cfg.optimizer == "muon"
     hidden = [p for n, p in named if use_muon and p.dim() == 2 and ".h." in n]
@@ -137,7 +142,8 @@ def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool) -> Cha
     optimizers: list[torch.optim.Optimizer] = [adam]
     if hidden:
         # decoupled weight decay on Muon's matrices too: val 1.627 vs 1.640 after small's 1800 steps
-        optimizers.append(Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay))
+        optimizers.append(Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
+                               ns_dtype=dtype))
     chain = Chain(*optimizers)
     for group in chain.param_groups:
         group["base_lr"] = group["lr"]

@@ -1,6 +1,6 @@
 """Train a GPT, from one CPU to many GPUs.
 
-    python train.py --config small                 # the main job: char-level Shakespeare, ~80 s on a 2-core CPU
+    python train.py --config small                 # the main job: char-level Shakespeare, ~2.5 min on a 2-core CPU
     python train.py --config small --max-iters 200 --device cpu --lr 3e-4 --no-compile
     python train.py --config small --resume        # continue out/small exactly where it stopped
     python train.py --config small --max-time 60   # wall-clock budget (s), final eval+save included

@@ -5,7 +5,9 @@ its state (Run, RunState), and how it is evaluated and saved. train.py's loop dr
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -197,17 +199,31 @@ class Run:
         return self.grad_accum * self.cfg.batch_size * self.cfg.block_size * self.rt.world_size
 
     def final_estimate(self, step_seconds: float) -> float:
-        """Seconds the final eval + save + plot take, guessed from the step time until one is timed."""
+        """Seconds the final eval + save + plot take, until one has been timed. The eval is one
+        timed eval batch scaled to the eval's size, not a fixed share of a step's time: that share
+        was 0.2 on a bf16 CPU and 0.33 on an AVX2 one, where the run overshot --max-time by 1.3 s."""
         eval_batch = (self.cfg.eval_batch_size or self.cfg.batch_size) * self.cfg.block_size
         val_tokens = min(self.manifest["val_tokens"], self.cfg.eval_iters * eval_batch or math.inf)
-        evaluating = step_seconds * 2 * val_tokens / self.tokens_per_step * EVAL_TOKEN_SHARE  # val, and as much train
+        evaluating = self.eval_batch_seconds * 2 * math.ceil(val_tokens / eval_batch)  # val, and as much train
         ckpt_bytes = CKPT_BYTES_PER_WEIGHT_BYTE * sum(p.numel() * p.element_size() for p in self.model.parameters())
         return evaluating + SAVE_FIXED_S + ckpt_bytes / DISK_BYTES_PER_S + (self.log.plot_cost if self.log else 0.0)
 
+    @cached_property
+    def eval_batch_seconds(self) -> float:
+        """One eval batch's forward, timed once, warm: a cold first call took 1.2x as long."""
+        from data import eval_batches
 
-# For the --max-time reserve before the first eval has been timed (measured on the small config
-# on CPU): an eval token (forward only, big batches) costs about a fifth of a training token.
-EVAL_TOKEN_SHARE = 0.2
+        x, y = next(eval_batches(self.ds_dir / "val.bin", self.cfg.block_size,
+                                 self.cfg.eval_batch_size or self.cfg.batch_size, self.rt.device, max_batches=1))
+        self.model.eval()
+        with torch.no_grad(), self.rt.autocast():
+            for _ in range(2):
+                t0 = time.perf_counter()
+                self.model(x, y)[1].item()  # .item(): wait for the device
+        self.model.train()
+        return time.perf_counter() - t0
+
+
 # A checkpoint holds the weights and AdamW's two moments (~3x the weights), written at the
 # speed of a slow disk, plus a fixed cost for pickling and fsync.
 CKPT_BYTES_PER_WEIGHT_BYTE, DISK_BYTES_PER_S, SAVE_FIXED_S = 3, 200e6, 0.2
@@ -232,7 +248,7 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
 
         cfg = auto_batch_size(cfg, model, rt)
     model.to(rt.device)
-    optimizer = configure_optimizer(model, cfg, fused=rt.plan.fused_adamw)
+    optimizer = configure_optimizer(model, cfg, fused=rt.plan.fused_adamw, dtype=rt.plan.dtype)
     micro_tokens = cfg.batch_size * cfg.block_size * rt.world_size
     tokens_per_step = cfg.tokens_per_step or micro_tokens
     if tokens_per_step % micro_tokens:

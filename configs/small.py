@@ -1,4 +1,4 @@
-"""The main job: a character-level GPT on tinyshakespeare, about 80 s on a 2-core CPU.
+"""The main job: a character-level GPT on tinyshakespeare, about 2.5 minutes on a 2-core CPU.
 
     python train.py --config small
     python train.py --config small --max-time 45     # time-budgeted: the schedule ends on time

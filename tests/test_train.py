@@ -56,6 +56,10 @@ def test_muon_optimizer_trains_and_orthogonalizes():
     assert {id(p) for p in muon.param_groups[0]["params"]} == {
         id(p) for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2}
     assert muon.param_groups[0]["weight_decay"] == load_config("tiny").weight_decay > 0  # decayed like AdamW's matrices
+    # Newton-Schulz in the run's dtype: emulated bf16 (an AVX2 CPU) is 30-50x slower than float32
+    assert muon.ns_dtype == torch.float32
+    assert configure_optimizer(model, load_config("tiny", ["--optimizer", "muon"]), fused=True,
+                               dtype=torch.bfloat16).optimizers[1].ns_dtype == torch.bfloat16
     x = torch.randint(0, 11, (4, 8), generator=torch.Generator().manual_seed(1))
     losses = []
     for _ in range(30):
