@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import math
 import os
 import re
 import sys
@@ -230,70 +229,6 @@ def note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
 
 
-def token_label(tok, token_id: int) -> str:
-    text = tok.decode([token_id])
-    return text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423") or "\u2205"
-
-
-@torch.no_grad()
-def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
-    """One heat map per head of `layer` (query rows, key columns) for the prompt, as a PNG."""
-    n_layer = model.config.n_layer
-    if not -n_layer <= layer < n_layer:
-        raise UserError(f"--layer {layer} is out of range: the model has layers 0..{n_layer - 1}")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.colors import PowerNorm
-    except ImportError:
-        raise UserError("--show-attention needs matplotlib: pip install matplotlib") from None
-    layer %= n_layer
-    ids = ids[-model.config.block_size :]
-    x = torch.tensor([ids], device=next(model.parameters()).device)
-    _, _, att = model(x, return_attention=True)
-    att = att[layer][0].float().cpu()  # (nh, T, T)
-    nh, T = att.shape[0], att.shape[-1]
-    ncols = math.ceil(math.sqrt(nh))  # a near-square grid of heads
-    nrows = math.ceil(nh / ncols)
-    labels = [token_label(tok, i) for i in ids] if T <= 48 else None
-    size = 3.5 if labels is None else min(9.0, max(3.5, 0.15 * T + 1.0))  # inches per head
-    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * size + 1.0, nrows * size + 0.6),
-                             squeeze=False, layout="constrained")
-    image = None
-    for h, ax in enumerate(axes.flat):
-        if h >= nh:
-            ax.axis("off")
-            continue
-        # sqrt colour scale: weights spread over many keys stay visible next to sharp peaks
-        image = ax.imshow(att[h].numpy(), cmap="viridis", norm=PowerNorm(0.5, vmin=0.0, vmax=1.0),
-                          interpolation="nearest")
-        ax.set_title(f"head {h}", fontsize=10)
-        if labels is not None:
-            fs = max(5, min(9, 220 // T))
-            ax.set_xticks(range(T), labels, rotation=90, fontsize=fs, fontfamily="monospace")
-            ax.set_yticks(range(T), labels, fontsize=fs, fontfamily="monospace")
-        if h % ncols == 0:
-            ax.set_ylabel("query (attending)")
-        if h >= nh - ncols:
-            ax.set_xlabel("key (attended to)")
-    fig.suptitle(f"attention weights, layer {layer} (of 0..{n_layer - 1}), {T} prompt tokens")
-    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="weight")
-    out = Path(path)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
-    except ValueError as e:  # an extension matplotlib cannot write
-        raise UserError(f"--show-attention {path}: {e}") from None
-    except OSError as e:
-        raise UserError(f"--show-attention {path}: cannot write there ({e.strerror}: {e.filename}); "
-                        "pick another path") from None
-    finally:
-        plt.close(fig)
-    return out
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="sample.py", description=__doc__)
     src = p.add_mutually_exclusive_group()
@@ -320,7 +255,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=integer, default=0,
                    help="CPU threads; 0 = 1 for small models (n_embd <= 256), else torch's default")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the decode step (4 tokens a call): ~3.3x tokens/s for small models, after a one-off compile")
+                   help="torch.compile the decode step (4 tokens a call): 3-5x tokens/s for small models, after a one-off compile")
     p.add_argument("--quantize", default="none", **argument(Literal["none", "int8"]),
                    help="int8: weight-only int8 Linear layers (CPU; a quarter of float32's bytes per token; "
                         "logits within ~0.1 of float32, see README)")
@@ -366,6 +301,8 @@ def run(args: argparse.Namespace) -> None:
         quantize_int8(model)
     encoded = [encode_prompt(tok, p, model.config.block_size) for p in prompts]
     if args.show_attention:
+        from model.trace import plot_attention
+
         note(f"wrote {plot_attention(model, tok, encoded[0], args.show_attention, args.layer)}")
     generator = torch.Generator(device=rt.device)
     if args.seed is not None:

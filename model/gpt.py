@@ -209,7 +209,8 @@ class GPT(nn.Module):
         use_cache=False recomputes the last block_size tokens every step (the reference).
         compile=True runs DECODE_CHUNK one-token steps per torch.compile'd call (the same code,
         unrolled: the cache is static, so it traces once per model, batch size and cache length,
-        a multiple of block_size / 8; worth it for small models, whose eager steps are mostly per-op overhead).
+        a multiple of block_size / 8, eager past dynamo's 8 graphs a process; worth it for small models,
+        whose eager steps are mostly per-op overhead).
         Rows that produced eos_id keep yielding eos_id; the iterator ends when all have.
         temperature 0 means greedy. The model is put in eval mode while generating.
         """
@@ -272,8 +273,12 @@ class GPT(nn.Module):
                 step = compiled_decode_steps() if K > 1 else GPT._decode_steps
                 # Once a compiled step has run, nothing its guards check changes within this
                 # generate(): skip them (they cost as much as a small model's arithmetic).
-                with torch.compiler.set_stance(skip_guard_eval_unsafe=True) if checked and K > 1 else nullcontext():
-                    toks = step(self, next_input, cache.claim(K), cache, draw(K), sampling)  # (K, B)
+                slots, noise = cache.claim(K), draw(K)
+                try:
+                    with torch.compiler.set_stance(skip_guard_eval_unsafe=True) if checked and K > 1 else nullcontext():
+                        toks = step(self, next_input, slots, cache, noise, sampling)  # (K, B)
+                except torch._dynamo.exc.FailOnRecompileLimitHit:  # a 9th shape in this process: eager from here
+                    toks, chunk = GPT._decode_steps(self, next_input, slots, cache, noise, sampling), 1
                 checked, lens = checked or K > 1, [m + K for m in lens]
             for tok in toks:  # (B,) each
                 if eos_id is not None:

@@ -1,9 +1,15 @@
-"""A printable walk of one forward pass: each module, the shape it returns, its parameters."""
+"""Views inside a model: a printable walk of one forward pass (each module, the shape it returns,
+its parameters; `python -m model`), and the prompt's attention maps (`sample.py --show-attention`)."""
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import torch
 import torch.nn as nn
+
+from errors import UserError
 
 from .gpt import GPT
 
@@ -55,3 +61,67 @@ def shape_trace(model: GPT, batch_size: int = 1, seq_len: int | None = None, blo
             lines.append(f"{'  ' * (depth + 1)}{note}")
     lines.append(f"logits {tuple(logits.shape)}: one score per vocabulary entry at every position")
     return "\n".join(lines)
+
+
+def token_label(tok, token_id: int) -> str:
+    text = tok.decode([token_id])
+    return text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423") or "\u2205"
+
+
+@torch.no_grad()
+def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
+    """One heat map per head of `layer` (query rows, key columns) for the prompt, as a PNG."""
+    n_layer = model.config.n_layer
+    if not -n_layer <= layer < n_layer:
+        raise UserError(f"--layer {layer} is out of range: the model has layers 0..{n_layer - 1}")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import PowerNorm
+    except ImportError:
+        raise UserError("--show-attention needs matplotlib: pip install matplotlib") from None
+    layer %= n_layer
+    ids = ids[-model.config.block_size :]
+    x = torch.tensor([ids], device=next(model.parameters()).device)
+    _, _, att = model(x, return_attention=True)
+    att = att[layer][0].float().cpu()  # (nh, T, T)
+    nh, T = att.shape[0], att.shape[-1]
+    ncols = math.ceil(math.sqrt(nh))  # a near-square grid of heads
+    nrows = math.ceil(nh / ncols)
+    labels = [token_label(tok, i) for i in ids] if T <= 48 else None
+    size = 3.5 if labels is None else min(9.0, max(3.5, 0.15 * T + 1.0))  # inches per head
+    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * size + 1.0, nrows * size + 0.6),
+                             squeeze=False, layout="constrained")
+    image = None
+    for h, ax in enumerate(axes.flat):
+        if h >= nh:
+            ax.axis("off")
+            continue
+        # sqrt colour scale: weights spread over many keys stay visible next to sharp peaks
+        image = ax.imshow(att[h].numpy(), cmap="viridis", norm=PowerNorm(0.5, vmin=0.0, vmax=1.0),
+                          interpolation="nearest")
+        ax.set_title(f"head {h}", fontsize=10)
+        if labels is not None:
+            fs = max(5, min(9, 220 // T))
+            ax.set_xticks(range(T), labels, rotation=90, fontsize=fs, fontfamily="monospace")
+            ax.set_yticks(range(T), labels, fontsize=fs, fontfamily="monospace")
+        if h % ncols == 0:
+            ax.set_ylabel("query (attending)")
+        if h >= nh - ncols:
+            ax.set_xlabel("key (attended to)")
+    fig.suptitle(f"attention weights, layer {layer} (of 0..{n_layer - 1}), {T} prompt tokens")
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="weight")
+    out = Path(path)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    except ValueError as e:  # an extension matplotlib cannot write
+        raise UserError(f"--show-attention {path}: {e}") from None
+    except OSError as e:
+        raise UserError(f"--show-attention {path}: cannot write there ({e.strerror}: {e.filename}); "
+                        "pick another path") from None
+    finally:
+        plt.close(fig)
+    return out

@@ -92,6 +92,10 @@ def test_compiled_decode_step_equals_eager_past_block_size():
     assert run(True) == eager
     assert counters["stats"]["unique_graphs"] > traced  # the step really went through torch.compile
     assert len(set(eager[0])) > 1
+    # Past dynamo's recompile limit (8 graphs; 1 here) a new shape decodes eagerly, not fails
+    idx, pad = sample.left_pad(rows + [TOK.encode("JULIET:")], "cpu")
+    with torch._dynamo.config.patch(recompile_limit=1):
+        assert run(True) == run(False)
 
 
 
