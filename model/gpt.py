@@ -271,9 +271,9 @@ class GPT(nn.Module):
                 # compiled: `chunk` tokens a call while no slide falls inside them, else eager steps
                 K = chunk if min(cache.max_len - cache.pos, block_size - max(lens), max_new_tokens - n) >= chunk else 1
                 step = compiled_decode_steps() if K > 1 else GPT._decode_steps
+                slots, noise = cache.claim(K), draw(K)
                 # Once a compiled step has run, nothing its guards check changes within this
                 # generate(): skip them (they cost as much as a small model's arithmetic).
-                slots, noise = cache.claim(K), draw(K)
                 try:
                     with torch.compiler.set_stance(skip_guard_eval_unsafe=True) if checked and K > 1 else nullcontext():
                         toks = step(self, next_input, slots, cache, noise, sampling)  # (K, B)
