@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import math
 import resource
 import statistics

@@ -35,11 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import emit as _emit
 from errors import UserError
-
-
-def _emit(record: dict[str, Any]) -> None:
-    print(json.dumps(record), flush=True)
 
 
 # nanoGPT's README command for CPUs (train_shakespeare_char.py with --device=cpu --compile=False
@@ -112,6 +109,8 @@ def bench_time_to_loss(args: argparse.Namespace) -> None:
 
     if args.fractions and not args.vs_nanogpt:
         raise UserError("--fractions are of nanoGPT's wall time: add --vs-nanogpt")
+    if min(args.fractions, default=1) <= 0:
+        raise UserError("--fractions must be positive (1 = nanoGPT's wall time)")
     device = machine("cuda" if torch.cuda.is_available() else "cpu")
     threads = ["--threads", str(args.threads)]
     common = {"bench": "time-to-loss", "device": device, "target": args.target}

@@ -129,8 +129,8 @@ def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool,
     """The optimizer for cfg.optimizer. Every param group records its peak rate as
     "base_lr"; set_lr scales them all together. fused: AdamW's one-kernel step (runtime.TABLE
     says where, through rt.plan.fused_adamw). dtype: the run's compute dtype (rt.plan.dtype),
-    which Muon's Newton-Schulz matmuls use too: bfloat16 where the machine has it natively,
-    float32 where bf16 is emulated (an AVX2 CPU ran small's bf16 iteration 30-50x slower)."""
+    which Muon's Newton-Schulz matmuls use too, so they are bf16 only where bf16 is native
+    (an AVX2 CPU, which emulates it, ran small's bf16 iteration 30-50x slower than float32)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights once
     use_muon = cfg.optimizer == "muon"
     hidden = [p for n, p in named if use_muon and p.dim() == 2 and ".h." in n]

@@ -7,7 +7,7 @@ r"""Sample text from a trained GPT, streaming tokens to the terminal as they are
     python sample.py --prompt "ROMEO:" --stop "\n\n"         # stop after the first speech
     python sample.py --prompt "ROMEO:" --prompt "JULIET:"    # two prompts, one batched pass
     python sample.py --prompt "ROMEO:" --compile             # compiled decode step: faster after a compile
-    python sample.py --init-from gpt2 --quantize int8 --compile   # int8 weights: ~2x tokens/s for GPT-2 on CPU
+    python sample.py --init-from gpt2 --quantize int8 --compile   # int8 weights: 2-3x tokens/s for GPT-2 on CPU
     python sample.py --prompt-file prompts.txt               # one prompt per line
     echo "To be, or not" | python sample.py --prompt -       # prompt from stdin
     python sample.py --config tiny --device cpu --dtype float32   # out/tiny; or --ckpt DIR|FILE
