@@ -24,6 +24,7 @@ import re
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -222,12 +223,19 @@ class Runtime:
             # NCCL raises DistError; gloo a plain RuntimeError whose message names its source file
             if not self.ddp or not (isinstance(e, torch.distributed.DistError) or "gloo" in str(e)):
                 raise
-            reason = re.sub(r"^\[[^\]]*\] ", "", str(e).strip().splitlines()[0])[:200]
-            raise UserError(f"process {self.rank} of {self.world_size}: {reason}; another process hung, stopped or "
-                            "died (see its output), or took longer than --ddp-timeout; restart it, with --resume "
-                            "if it saved a checkpoint") from None
+            traceback.clear_frames(e.__traceback__)  # they hold the DDP wrapper, which close() needs gone
+            reason = re.sub(r"^\[[^\]]*\] ", "", str(e).strip().splitlines()[0]).split(". ")[0][:200]
+            cause = ("another process hung or was stopped, or took longer than --ddp-timeout"
+                     if "timed out" in reason.lower() else "another process died (see its output)")
+            raise UserError(f"process {self.rank} of {self.world_size}: {reason}; {cause}; restart the job, with "
+                            "--resume if it saved a checkpoint") from None
 
     def close(self) -> None:
+        """Destroy the process group; with the DDP wrapper gone first, this drops its last
+        reference, so gloo joins its worker threads now. Left running into interpreter exit, a
+        worker that frees a finished collective's tensor needs the GIL of a finalizing
+        interpreter, is made to exit, and std::terminate aborts the process after a good run
+        ("terminate called without an active exception", SIGABRT: torchrun then fails the job)."""
         if self.ddp and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
@@ -290,6 +298,11 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
         import torch.distributed as dist
 
         if not dist.is_initialized():
+            # Imported now, while there is no group: DDP imports it, and its functions take
+            # `group=group.WORLD` as default arguments, which imported later would hold the group
+            # for good, so close() could never join gloo's threads.
+            import torch.distributed.nn as _  # noqa: F401
+
             # A collective that waits longer than this fails (NCCL's watchdog ends the process), so a
             # hung or SIGSTOPped rank ends the job instead of stalling the others forever.
             timeout = datetime.timedelta(seconds=ddp_timeout)
@@ -334,6 +347,10 @@ class TrainModule:
             except Exception as e:  # e.g. a Python version or platform torch.compile does not support
                 self._note("wrapping the model", e)
         self.module = self._ddp(module)
+
+    def close(self) -> None:
+        """Drop the DDP wrapper, which holds the process group, so that Runtime.close() ends it."""
+        self.module = self.model
 
     def _ddp(self, module: torch.nn.Module) -> torch.nn.Module:
         if not self.rt.ddp:

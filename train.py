@@ -171,6 +171,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             except KeyboardInterrupt:  # a second Ctrl-C
                 stopped = "quit"
             finally:
+                run.train_model.close()
                 if run.log is not None:
                     run.log.plot()  # a crash or nan: still draw what was logged
                     run.log.close(exit_code=EXIT_CODES.get(stopped, 0) if stopped else 1)  # None: it failed

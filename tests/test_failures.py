@@ -122,13 +122,16 @@ def test_show_attention_to_an_unwritable_path_is_one_line(tmp_path, data_root, c
     assert "--show-attention" in fails(capsys, sample.main, argv)
 
 
-def test_ddp_a_stopped_process_ends_the_job_with_one_line(tmp_path, data_root):
+@pytest.fixture
+def two_processes(tmp_path, data_root):
+    """tiny training as 2 processes (gloo), started as torchrun would and in step; yields them
+    and each one's combined output as a function. Stops are --ddp-timeout 8: long enough for
+    rank 0's first eval on a busy machine, short enough for a test."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
-    # long enough for rank 0's first eval on a busy machine, short enough for a test
     cmd = [sys.executable, "train.py", *args(tmp_path, data_root, "--max-iters", "100000", "--eval-interval",
                                              "100000", "--dtype", "float32", "--ddp-timeout", "8")]
     logs = [open(tmp_path / f"rank{r}.log", "w+") for r in (0, 1)]
@@ -140,14 +143,28 @@ def test_ddp_a_stopped_process_ends_the_job_with_one_line(tmp_path, data_root):
                                                                   .splitlines()) < 3:
             assert time.time() < deadline and ranks[0].poll() is None, logs[0].name
             time.sleep(0.2)
-        os.kill(ranks[1].pid, signal.SIGSTOP)  # training, in step with rank 0, then stopped
-        assert ranks[0].wait(timeout=120) == 2
+        yield ranks, lambda r: (logs[r].seek(0), logs[r].read())[1]
     finally:
         for p in ranks:
             p.kill()
             p.wait()
-    logs[0].seek(0)
-    out = logs[0].read()
+
+
+def test_ddp_a_stopped_process_ends_the_job_with_one_line(two_processes):
+    ranks, output = two_processes
+    os.kill(ranks[1].pid, signal.SIGSTOP)  # training, in step with rank 0, then stopped
+    assert ranks[0].wait(timeout=120) == 2
+    out = output(0)
     assert "Traceback" not in out
     assert out.splitlines()[-1].startswith("error: process 0 of 2: Timed out waiting 8000ms")
-    assert "--ddp-timeout" in out.splitlines()[-1]
+    assert "another process hung or was stopped, or took longer than --ddp-timeout" in out.splitlines()[-1]
+
+
+def test_ddp_a_killed_process_ends_the_job_at_once_with_one_line(two_processes):
+    ranks, output = two_processes
+    ranks[1].kill()  # its connections close: rank 0 knows at once, without waiting out --ddp-timeout
+    assert ranks[0].wait(timeout=120) == 2
+    out = output(0)
+    assert "Traceback" not in out and "terminate called" not in out
+    assert out.splitlines()[-1].startswith("error: process 0 of 2: ")
+    assert "another process died" in out.splitlines()[-1]

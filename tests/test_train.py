@@ -4,10 +4,12 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 
@@ -274,6 +276,16 @@ def test_same_result_whatever_the_split_between_processes_and_accumulation(tmp_p
     argv = ["--config", "tiny", "--device", "cpu", "--dtype", "float32", "--sample-tokens", "0", "--batch-size", "2",
             "--tokens-per-step", "256", "--eval-interval", "3", "--data-root", str(data_root)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    # train.py's main, then the names of the threads the process still has: gloo's workers left
+    # running into interpreter exit abort a finished job now and then (see Runtime.close)
+    script = tmp_path / "train_then_list_threads.py"
+    script.write_text(textwrap.dedent("""\
+        import os, sys, train
+        code = train.main(sys.argv[1:])
+        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        os.write(1, f"threads left: {names}\\n".encode())  # one write: the ranks share stdout
+        sys.exit(code)
+        """))
 
     def run(processes, name, *extra):
         args = [*argv, "--out-dir", str(tmp_path / name), *extra]
@@ -281,9 +293,11 @@ def test_same_result_whatever_the_split_between_processes_and_accumulation(tmp_p
             assert train.main(args) == 0
             return
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-               "train.py", *args]
+               str(script), *args]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        left = re.findall(r"threads left: (\[.*?\])", proc.stdout)  # whole, though maybe mid-line
+        assert len(left) == processes and not any("gloo" in names for names in left), proc.stdout[-3000:]
 
     def max_diff(a, b):
         a, b = load_checkpoint(tmp_path / a)["model"], load_checkpoint(tmp_path / b)["model"]
