@@ -125,8 +125,8 @@ def test_show_attention_to_an_unwritable_path_is_one_line(tmp_path, data_root, c
 @pytest.fixture
 def two_processes(tmp_path, data_root):
     """tiny training as 2 processes (gloo), started as torchrun would and in step; yields them
-    and each one's combined output as a function. Stops are --ddp-timeout 8: long enough for
-    rank 0's first eval on a busy machine, short enough for a test."""
+    and a function returning a process's output. --ddp-timeout 8: long enough for rank 0's
+    first eval on a busy machine, short enough for a test."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
