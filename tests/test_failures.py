@@ -2,6 +2,7 @@
 `error:` line and exit 2, nothing saved is lost, and nothing trains or samples on the wrong data."""
 
 import errno
+import json
 import os
 import signal
 import socket
@@ -168,3 +169,14 @@ def test_ddp_a_killed_process_ends_the_job_at_once_with_one_line(two_processes):
     assert "Traceback" not in out and "terminate called" not in out
     assert out.splitlines()[-1].startswith("error: process 0 of 2: ")
     assert "another process died" in out.splitlines()[-1]
+
+
+def test_ddp_a_stop_signal_to_one_process_stops_both_at_the_same_step(two_processes, tmp_path):
+    ranks, output = two_processes
+    os.kill(ranks[1].pid, signal.SIGTERM)  # as a scheduler might signal one node of the job
+    # both save-and-exit as one: a rank that stopped alone would leave the other in a collective
+    assert [p.wait(timeout=120) for p in ranks] == [143, 143], output(0)[-2000:]
+    step = load_checkpoint(tmp_path)["step"]
+    assert f"stopped at step {step} (SIGTERM)" in output(0) and step == max(
+        json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines())
+    assert "Traceback" not in output(0) + output(1)

@@ -24,12 +24,13 @@ REPO = Path(__file__).resolve().parent.parent
 CHARS = "".join(sorted(set((REPO / "data/corpora/tinyshakespeare/input.txt").read_text())))
 
 
-def hf_tiny(tie: bool = True, vocab: int = 37):
+def hf_tiny(tie: bool = True, vocab: int = 37, **kw):
     torch.manual_seed(0)
     config = transformers.GPT2Config(
         vocab_size=vocab, n_positions=24, n_embd=16, n_layer=2, n_head=2,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tie,
         bos_token_id=None, eos_token_id=None,  # not GPT-2's 50256: these vocabularies are smaller
+        **kw,
     )
     model = transformers.GPT2LMHeadModel(config).eval()
     with torch.no_grad():  # HF zero-inits biases and ones norms; randomise all so every weight is tested
@@ -45,6 +46,52 @@ def test_ours_loads_a_transformers_checkpoint_and_matches_its_logits(tmp_path, t
     ours = load_hf_gpt2(tmp_path).eval()
     x = torch.randint(0, 37, (2, 24))
     torch.testing.assert_close(ours(x)[0], hf(x).logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("form", ["safetensors", "pytorch_model.bin", "shards", "hub names"])
+def test_ours_loads_each_form_of_a_transformers_directory(tmp_path, form):
+    hf = hf_tiny(False, n_inner=48, layer_norm_epsilon=1e-3, n_ctx=24)
+    if form == "hub names":  # as the hub's gpt2 has it: no "transformer." prefix, old causal-mask buffers
+        from safetensors.torch import save_file
+
+        hf.config.save_pretrained(tmp_path)
+        state = {k.removeprefix("transformer."): v.contiguous() for k, v in hf.state_dict().items()}
+        state |= {f"h.{i}.attn.{b}": torch.ones(1, 1, 24, 24) for i in range(2) for b in ("bias", "masked_bias")}
+        save_file(state, str(tmp_path / "model.safetensors"))
+    else:
+        hf.save_pretrained(tmp_path, max_shard_size="20KB" if form == "shards" else "5GB")
+    if form == "pytorch_model.bin":  # what older transformers wrote
+        (tmp_path / "model.safetensors").unlink()
+        torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    assert (tmp_path / "model.safetensors.index.json").is_file() == (form == "shards")
+    ours = load_hf_gpt2(tmp_path, dropout=0.1).eval()
+    c = ours.config
+    assert (c.mlp_ratio, c.norm_eps, c.dropout, c.block_size, c.tie_weights) == (3, 1e-3, 0.1, 24, False)
+    x = torch.randint(0, 37, (2, 24))
+    torch.testing.assert_close(ours(x)[0], hf(x).logits, atol=1e-4, rtol=0)
+
+
+def test_export_writes_gpt2s_config(tmp_path):
+    model = GPT(GPTConfig(vocab_size=40, block_size=24, n_layer=2, n_head=2, n_embd=16, mlp_ratio=3,
+                          norm_eps=1e-3, dropout=0.1, tie_weights=False))
+    save_hf_gpt2(model, tmp_path / "deep" / "hf", eot_id=7, vocab_size=37)  # parents are made
+    text = (tmp_path / "deep/hf/config.json").read_text()
+    config = json.loads(text)
+    assert text == json.dumps(config, indent=2) + "\n" and config == {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 37, "n_positions": 24,
+                      "n_ctx": 24, "n_embd": 16, "n_layer": 2, "n_head": 2, "n_inner": 48,
+                      "activation_function": "gelu_new", "layer_norm_epsilon": 1e-3, "resid_pdrop": 0.1,
+                      "embd_pdrop": 0.1, "attn_pdrop": 0.1, "initializer_range": 0.02, "tie_word_embeddings": False,
+                      "bos_token_id": 7, "eos_token_id": 7}
+    assert (tmp_path / "deep/hf/generation_config.json").read_text() == json.dumps(
+        {"bos_token_id": 7, "eos_token_id": 7}, indent=2) + "\n"
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "deep/hf/model.safetensors"), "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+    save_hf_gpt2(GPT(GPTConfig(vocab_size=40, block_size=24, n_layer=1, n_head=2, n_embd=16)), tmp_path / "gpt2")
+    assert json.loads((tmp_path / "gpt2/config.json").read_text())["n_inner"] is None  # GPT-2's own 4 x n_embd
+    again = load_hf_gpt2(tmp_path / "deep/hf")
+    assert again.lm_head.weight.shape == (37, 16) and torch.equal(again.lm_head.weight, model.lm_head.weight[:37])
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -63,7 +110,7 @@ def test_transformers_loads_our_export_and_matches_our_logits(tmp_path, tie):
 def random_run(path: Path, tokenizer: str, vocab: int, **arch) -> Path:
     """A run directory holding a random GPT (weights sharp enough that greedy text varies)."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=vocab, block_size=32, n_layer=2, n_head=2, n_embd=16, **arch))
+    model = GPT(GPTConfig(vocab_size=vocab, block_size=32, **dict(n_layer=2, n_head=2, n_embd=16) | arch))
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
@@ -118,6 +165,7 @@ def test_modern_variant_refuses_to_export_naming_the_flags(tmp_path, capsys):
     assert main(["export", str(run), str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "with --norm layernorm --activation gelu --bias --no-qk-norm for" in err
+    assert "(norm=rmsnorm, activation=relu2, bias=False, qk_norm=True)" in err
     assert not (tmp_path / "hf").exists()  # refused before anything was written
 
 
@@ -188,4 +236,71 @@ def test_not_a_checkpoint_directory_is_one_clear_error(tmp_path):
         load_hf_gpt2(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(UserError, match="only GPT-2"):
+        load_hf_gpt2(tmp_path)
+
+
+def test_a_cached_hub_id_without_its_weights_is_not_taken_as_complete(hub_cache, network_calls):
+    snapshot = hub_cache("tiny-org/no-weights", hf_tiny(vocab=50257))
+    (snapshot / "model.safetensors").unlink()  # an interrupted download: config.json only
+    with pytest.raises(UserError, match="no-weights"):
+        load_hf_gpt2(resolve_init_from("tiny-org/no-weights"))
+    assert network_calls  # it went to the hub for the rest instead of loading half a model
+
+
+@pytest.mark.parametrize("tokenizer, vocab", [("char", 65), ("gpt2", 50304)])
+def test_export_writes_these_files_from_best_pt(tmp_path, tokenizer, vocab):
+    run = random_run(tmp_path / "run", tokenizer, vocab)
+    best = random_run(tmp_path / "best", tokenizer, vocab, n_embd=24)
+    (best / "ckpt.pt").rename(run / "best.pt")  # the run's lowest val loss: what is exported
+    out = export_run(run, tmp_path / "new" / "hf")
+    export_run(run, out)  # again, into the same directory: replaced
+    bpe = ["merges.txt", "vocab.json"] if tokenizer == "gpt2" else []
+    assert sorted(p.name for p in out.iterdir()) == sorted(["config.json", "generation_config.json", "manifest.json",
+                                                            "model.safetensors", "tokenizer.json",
+                                                            "tokenizer_config.json", *bpe])
+    assert json.loads((out / "config.json").read_text())["n_embd"] == 24
+    specials = dict.fromkeys(("bos_token", "eos_token", "unk_token"), "<|endoftext|>") if bpe else {}
+    text = (out / "tokenizer_config.json").read_text()
+    assert text == json.dumps(json.loads(text), indent=2) + "\n"
+    if bpe:  # GPT-2's own files, each under its own name
+        from data.tokenizer import _bundled_gpt2_files
+
+        vocab_bpe, encoder_json = _bundled_gpt2_files()
+        assert (out / "merges.txt").read_bytes() == vocab_bpe.read_bytes()
+        assert (out / "vocab.json").read_bytes() == encoder_json.read_bytes()
+    assert json.loads((out / "tokenizer_config.json").read_text()) == {
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 32, "clean_up_tokenization_spaces": False,
+        **specials}
+    if not bpe:
+        assert json.loads((out / "tokenizer.json").read_text())["model"]["unk_token"] == "[UNK]"
+
+
+def test_an_old_minimal_config_json_takes_gpt2s_defaults(tmp_path):
+    hf = hf_tiny(True)  # tied, as GPT-2 is
+    hf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    keep = {"vocab_size": 37, "n_ctx": 24, "n_layer": 2, "n_head": 2, "n_embd": 16}  # no model_type, n_positions...
+    assert {k: config.get(k, 24) for k in keep} == keep
+    (tmp_path / "config.json").write_text(json.dumps(keep))
+    c = load_hf_gpt2(tmp_path).config
+    assert (c.block_size, c.mlp_ratio, c.norm_eps, c.tie_weights) == (24, 4, 1e-5, True)
+    del keep["n_ctx"]
+    (tmp_path / "config.json").write_text(json.dumps(keep))
+    with pytest.raises(UserError, match="config.json implies"):  # GPT-2's 1024 positions: not these weights
+        load_hf_gpt2(tmp_path)
+    long = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=37, n_positions=1024, n_embd=16, n_layer=1,
+                                                                n_head=2))
+    long.save_pretrained(tmp_path / "long")
+    (tmp_path / "long/config.json").write_text(json.dumps({**keep, "n_layer": 1}))
+    assert load_hf_gpt2(tmp_path / "long").config.block_size == 1024  # no n_positions, no n_ctx: GPT-2's
+
+
+def test_weights_of_another_model_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    hf_tiny(True).save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    del state["transformer.h.1.mlp.c_fc.weight"]  # missing, nothing unexpected
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(UserError, match=r"weights do not match GPT-2 \(missing \['transformer.h.1.mlp.c_fc.weight'\]"):
         load_hf_gpt2(tmp_path)

@@ -43,6 +43,26 @@ def test_config_rejects_bad_values_with_one_clear_line(kw):
     assert "\n" not in str(e.value) and str(e.value).startswith("model config:")
 
 
+@pytest.mark.parametrize("bad, good", [
+    (dict(vocab_size=0), dict(vocab_size=1)), (dict(block_size=True), dict(block_size=1)),
+    (dict(n_layer=1.0), dict(n_layer=1)), (dict(mlp_ratio=-1), dict(mlp_ratio=1)),
+    (dict(n_head=3), dict(n_head=4)), (dict(n_head=16, pos_emb="rope"), dict(n_head=8, pos_emb="rope")),
+    (dict(dropout=-0.01), dict(dropout=0.0)), (dict(dropout=1.0), dict(dropout=0.999)),
+    (dict(norm="batchnorm"), dict(norm="rmsnorm")), (dict(activation="relu"), dict(activation="relu2")),
+    (dict(attention="flash"), dict(attention="explicit"))])
+def test_config_draws_each_line_exactly(bad, good):
+    with pytest.raises(UserError, match=f"model config: {next(iter(bad))}|n_embd \\(16\\) must be divisible|rope needs"):
+        tiny(**bad)
+    tiny(**good)
+
+
+def test_config_defaults_are_gpt2_small():
+    assert GPTConfig().to_dict() == dict(
+        vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=True,
+        pos_emb="learned", norm="layernorm", activation="gelu", qk_norm=False, tie_weights=True, mlp_ratio=4,
+        norm_eps=1e-5, rope_base=10000.0, attention="sdpa")
+
+
 def test_config_dict_round_trip():
     c = tiny(**MODERN)
     assert GPTConfig.from_dict({**c.to_dict(), "unknown_future_field": 1}) == c
@@ -228,7 +248,8 @@ def test_ignore_index_leaves_padding_out_of_the_loss():
 
 
 def test_num_params_and_flops_for_gpt2_small():
-    m = GPT(GPTConfig())  # GPT-2 124M
+    with torch.device("meta"):  # shapes only: no 0.5 GB to allocate and initialise
+        m = GPT(GPTConfig())  # GPT-2 124M
     assert m.num_params() == 124_439_808
     assert m.num_params(non_embedding=True) == 124_439_808 - 1024 * 768
     # 6 * (matmul weights incl. lm_head) + 12 * L * C * T
@@ -252,3 +273,111 @@ def test_shape_trace_walks_from_ids_to_logits():
     assert "(B, T, C) -> (B, nh, T, hs) = (2, 2, 5, 8)" in text
     assert any(l.split()[0] == "h.1" and "(2, 5, 16)" in l for l in lines)
     assert lines[-1].startswith("logits (2, 5, 37)")
+
+
+TRACE = """\
+GPT: 1,912 parameters, 2 layers, 2 heads of size 4, n_embd 8, vocab 11, block 8
+input idx (1, 8) token ids
+module                             type                   output shape                 params
+wte                                Embedding              (1, 8, 8)                        88
+wpe                                Embedding              (1, 8, 8)                        64
+    h.0.ln_1                       LayerNorm              (1, 8, 8)                        16
+      h.0.attn.c_attn              Linear                 (1, 8, 24)                      216
+        split q, k, v; heads (B, T, C) -> (B, nh, T, hs) = (1, 2, 8, 4)
+      h.0.attn.c_proj              Linear                 (1, 8, 8)                        72
+    h.0.attn                       CausalSelfAttention    (1, 8, 8)                       288
+    h.0.ln_2                       LayerNorm              (1, 8, 8)                        16
+      h.0.mlp.c_fc                 Linear                 (1, 8, 32)                      288
+      h.0.mlp.c_proj               Linear                 (1, 8, 8)                       264
+    h.0.mlp                        MLP                    (1, 8, 8)                       552
+  h.0                              Block                  (1, 8, 8)                       872
+  h.1                              Block                  (1, 8, 8)                       872
+ln_f                               LayerNorm              (1, 8, 8)                        16
+lm_head                            Linear                 (1, 8, 11)                       88
+logits (1, 8, 11): one score per vocabulary entry at every position"""
+
+
+def test_shape_trace_prints_this_table():
+    from model.trace import shape_trace
+
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8, bias=True))
+    assert shape_trace(model) == TRACE  # defaults: one row of block_size tokens, block 0 in detail
+    with torch.device("meta"):  # shapes only: GPT-2 XL's walk needs no memory
+        assert shape_trace(GPT(model.config)) == TRACE
+    detailed = shape_trace(model, blocks_in_detail=2).splitlines()
+    assert len(detailed) == len(TRACE.splitlines()) + 9 and "      h.1.mlp.c_fc " in "\n".join(detailed)
+
+
+def test_rotary_turns_each_pair_by_position_times_its_frequency():
+    from model.layers import Rotary, apply_rotary
+
+    hs, T = 8, 5
+    x = torch.randn(2, 3, T, hs, generator=torch.Generator().manual_seed(0))
+    pos = torch.tensor([[0, 1, 2, 3, 4], [4, 0, 3, 1, 2]])
+    got = apply_rotary(x, *Rotary(hs, T, base=100.0)(pos))
+    # reference: the halves as one complex number, times e^(i pos theta_j), theta_j = base^(-2j / hs)
+    theta = 100.0 ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+    turn = torch.polar(torch.ones(2, 1, T, hs // 2, dtype=torch.float64), pos[:, None, :, None] * theta)
+    z = torch.complex(x[..., : hs // 2].double(), x[..., hs // 2 :].double()) * turn
+    torch.testing.assert_close(got, torch.cat([z.real, z.imag], -1).float())
+    assert apply_rotary(x.bfloat16(), *Rotary(hs, T, 100.0)(pos)).dtype == torch.bfloat16  # stays in bf16
+
+
+def test_rmsnorm_is_x_over_its_root_mean_square_times_weight():
+    from model.layers import RMSNorm
+
+    x = 1e-3 * torch.randn(3, 8, generator=torch.Generator().manual_seed(0))  # small: eps 1e-5 matters
+    norm = RMSNorm(8)
+    with torch.no_grad():
+        norm.weight.copy_(torch.arange(1.0, 9.0))
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * torch.arange(1.0, 9.0)
+    torch.testing.assert_close(norm(x), expected)
+
+
+def test_multi_head_attention_options():
+    torch.manual_seed(0)
+    plain = MultiHeadAttention(num_heads=2, emb_size=8, head_size=4, bias=False)
+    assert all(p.dim() == 2 for p in plain.parameters())  # bias=False: no bias anywhere
+    mha = MultiHeadAttention(num_heads=2, emb_size=8, head_size=4).train()  # defaults: biases, no dropout
+    assert sum(p.dim() == 1 for p in mha.parameters()) == 2 * 3 + 1
+    x = torch.randn(2, 5, 8)
+    torch.testing.assert_close(mha(x), mha(x))
+    assert mha(x).abs().min() > 0
+    one_key = torch.randn(2, 1, 8)  # a (Tq, Tk) mask with Tk = 1 is still (Tq, Tk)
+    torch.testing.assert_close(mha(x, one_key, mask=torch.ones(5, 1, dtype=torch.bool)), mha(x, one_key))
+    with pytest.raises(ValueError, match="mask is bool or 0/1 float"):
+        mha(x, mask=torch.ones(2, 5, 5, dtype=torch.bool))  # 3-D: neither write-up's shape
+    # a mask and valid lengths together: a key hidden by either stays hidden
+    mask = torch.ones(5, 5, dtype=torch.bool)
+    mask[:, 0] = False
+    both = mha(x, mask=mask, valid_lens=torch.tensor([3, 5]))
+    keep = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    keep[:, :, :, 0] = False
+    keep[0, :, :, 3:] = False
+    torch.testing.assert_close(both, mha(x, mask=keep))
+
+
+def test_lengths_become_a_mask_on_their_own_device():
+    from model.attention import lengths_to_mask
+
+    assert lengths_to_mask(torch.tensor([2, 0]), 3).tolist() == [[True, True, False], [False, False, False]]
+    assert lengths_to_mask(torch.tensor([2, 0], device="meta"), 3).device.type == "meta"
+
+
+def test_attention_map_labels_show_whitespace():
+    from data import get_tokenizer
+    from model.trace import token_label
+
+    tok = get_tokenizer("char", text="a \n\t")
+    assert [token_label(tok, i) for i in tok.encode("a \n\t")] == ["a", "\u2423", "\\n", "\\t"]
+    assert token_label(get_tokenizer("gpt2"), 50256) == "<|endoftext|>"
+
+
+def test_kv_cache_lives_on_the_device_and_dtype_it_is_given():
+    from model import KVCache
+
+    cache = KVCache(tiny(n_layer=2), batch_size=2, max_len=8, device="meta", dtype=torch.float16)
+    tensors = [*cache.k, *cache.v, cache.mask, cache.claim(3)]
+    assert {t.device.type for t in tensors} == {"meta"} and cache.pos == 3 and cache.max_len == 8
+    assert [t.dtype for t in tensors] == [torch.float16] * 4 + [torch.bool, torch.long]
+    assert [tuple(t.shape) for t in tensors[:5]] == [(2, 2, 8, 8)] * 4 + [(2, 8)]

