@@ -14,8 +14,6 @@ from errors import UserError
 from .gpt import GPT
 
 
-
-
 def shape_trace(model: GPT, batch_size: int = 1, seq_len: int | None = None, blocks_in_detail: int = 1) -> str:
     """Run one forward pass on zeros and return a table in execution order. The first
     `blocks_in_detail` blocks are shown module by module; later ones as one row each."""

@@ -22,10 +22,10 @@ BLOCK = 16
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def tiny_model(seed: int = 0, vocab: int = len(CHARS), **kw) -> GPT:
+def tiny_model(seed: int = 0, vocab: int = len(CHARS), block: int = BLOCK, **kw) -> GPT:
     """float64 so cache vs recompute vs batched differ by ~1e-15: no argmax ties flip."""
     torch.manual_seed(seed)
-    cfg = GPTConfig(vocab_size=vocab, block_size=BLOCK, n_layer=2, n_head=2, n_embd=16, **kw)
+    cfg = GPTConfig(vocab_size=vocab, block_size=block, n_layer=2, n_head=2, n_embd=16, **kw)
     model = GPT(cfg).double().eval()
     with torch.no_grad():  # sharper than the 0.02 init, so greedy text is not one repeated token
         for p in model.parameters():
@@ -81,11 +81,7 @@ def test_decoding_far_past_block_size_works_and_stays_finite():
 def test_cached_decoding_past_block_size_equals_a_fresh_forward_over_its_window(arch, prompt, block):
     """Once a row's context fills block_size, its cache restarts from its last block_size // 2
     tokens and grows again: every token must be the argmax of a fresh forward over that window."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=len(CHARS), block_size=block, n_layer=2, n_head=2, n_embd=16, **arch)).double()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3) if p.dim() == 2 else None
+    model = tiny_model(block=block, **arch)
     tokens, n = TOK.encode(prompt), 3 * BLOCK
     window, expected = min(len(tokens), block), []
     for _ in range(n):
