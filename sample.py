@@ -1,35 +1,22 @@
 r"""Sample text from a trained GPT, streaming tokens to the terminal as they are produced.
 
-    python train.py --config small                          # first: writes out/small/ckpt.pt
-    python sample.py --prompt "ROMEO:"                       # 500 new tokens from out/small
+    python sample.py --prompt "ROMEO:"                       # 500 new tokens from out/small (train it first)
     python sample.py --prompt "ROMEO:" --temperature 0       # greedy
     python sample.py --prompt "ROMEO:" --num-samples 3 --seed 7 --top-k 20 --top-p 0.9
     python sample.py --prompt "ROMEO:" --stop "\n\n"         # stop after the first speech
     python sample.py --prompt "ROMEO:" --prompt "JULIET:"    # two prompts, one batched pass
     python sample.py --prompt "ROMEO:" --compile             # compiled decode step: faster after a compile
-    python sample.py --init-from gpt2 --quantize int8 --compile   # int8 weights: 2-3x tokens/s for GPT-2 on CPU
+    python sample.py --init-from gpt2 --quantize int8 --compile   # int8 weights: faster GPT-2 on a CPU
     python sample.py --prompt-file prompts.txt               # one prompt per line
-    echo "To be, or not" | python sample.py --prompt -       # prompt from stdin
+    echo "To be, or not" | python sample.py --prompt -       # prompt from stdin, verbatim
     python sample.py --config tiny --device cpu --dtype float32   # out/tiny; or --ckpt DIR|FILE
-    python sample.py --init-from gpt2 --prompt "Hello"   # a hub id (cache first), a HF GPT-2 dir or a run dir
+    python sample.py --init-from gpt2 --prompt "Hello"       # a hub id, a HF GPT-2 dir or a run dir
     python sample.py --prompt "ROMEO: O" --show-attention attn.png --layer 0 --max-new-tokens 0
 
-The tokenizer is rebuilt from the data manifest stored in the checkpoint (the run dir's
-manifest.json must agree with it), or in an exported HF directory's manifest.json; other Hugging
-Face GPT-2 directories and hub ids use GPT-2 BPE. A run dir's best.pt is used when there is one
-(the lowest val loss), else its ckpt.pt.
-"\n", "\t", "\\" in --prompt, --prompt-file lines (blank ones skipped) and --stop mean newline,
-tab, backslash; a stdin prompt is verbatim, minus the trailing newline `echo` adds. An empty
-prompt starts from the end-of-text token (BPE) or a newline (char vocabularies; the first
-character for a corpus without one). A sample ends at the end-of-text token (not printed) or
-right after the first --stop string in its new text (the stop string is kept, what follows is
-cut).
-
-Output: one sample (one prompt, --num-samples 1) streams: the prompt, then each piece of text as
-soon as it is decoded (BPE bytes pass an incremental UTF-8 decoder, so a character split across
-tokens appears once whole). Several samples decode in one batched pass (left-padded prompts, at
-most --batch-size rows at once) and print when their batch is done, each under a `--- sample
-i/n ---` header. Notes go to stderr. Decoding uses the KV cache and slides past block_size.
+The tokenizer comes with the checkpoint (GPT-2 BPE for other Hugging Face models). "\n", "\t" and
+"\\" in prompts and --stop mean newline, tab, backslash; an empty prompt starts from end-of-text
+(or a newline). One sample streams as it is decoded; several decode in batches and print under a
+header each. A sample ends at end-of-text or right after its first --stop string.
 """
 
 from __future__ import annotations
@@ -41,13 +28,13 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
-from cli import ArgumentParser, argument, integer, number
 from configs import Device, Dtype
-from errors import UserError, entry_point
+from configs.cli import ArgumentParser, argument, integer, number
+from configs.errors import UserError, entry_point
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
@@ -138,35 +125,23 @@ def generate_texts(model, tok, rows: Sequence[Sequence[int]], max_new_tokens: in
 
 
 def load(args: argparse.Namespace):
-    """(model on CPU in eval mode, tokenizer) from --init-from, --ckpt, --config or out/small."""
-    from checkpoint import checkpoint_manifest, find_checkpoint, is_checkpoint, load_model
-    from data.manifest import read_manifest
+    """(model in eval mode on the CPU, tokenizer) from --init-from, --ckpt, --config or out/small."""
     from data.tokenizer import tokenizer_from_manifest
+    from model.checkpoint import find_checkpoint
+    from model.hf import load_pretrained, pretrained_manifest
 
     where = args.ckpt
-    if args.init_from:
-        from model.hf import GPT2_MANIFEST, load_hf_gpt2, resolve_init_from
-
-        where = resolve_init_from(args.init_from)
-        if not is_checkpoint(where):  # a Hugging Face directory: GPT-2 BPE unless we exported it
-            ours = where / "manifest.json"
-            manifest = read_manifest(ours) if ours.is_file() else GPT2_MANIFEST
-            model, tok = load_hf_gpt2(where).eval(), tokenizer_from_manifest(manifest)
-            check_vocab(model, tok, str(where))
-            return model, tok
     if args.config:
         from configs import load_config
 
         where = load_config(args.config).run_dir
         if not (where / "ckpt.pt").is_file():
             raise UserError(f"no checkpoint in {where}; train one first: `python train.py --config {args.config}`")
-    path = find_checkpoint(where, best=True)
-    model, ckpt = load_model(path)
-    tok = tokenizer_from_manifest(checkpoint_manifest(path, ckpt))
-    train_config = ckpt.get("train_config")
-    declared = train_config.get("vocab_size") if isinstance(train_config, dict) else None
-    check_vocab(model, tok, str(path), declared)
-    return model, tok
+    model, ckpt, path = load_pretrained(args.init_from or find_checkpoint(where, best=True))
+    tok = tokenizer_from_manifest(pretrained_manifest(path, ckpt))
+    train_config = (ckpt or {}).get("train_config")
+    check_vocab(model, tok, str(path), train_config.get("vocab_size") if isinstance(train_config, dict) else None)
+    return model.eval(), tok
 
 
 def check_vocab(model, tok, where: str, declared: int | None = None) -> None:
@@ -219,9 +194,8 @@ def encode_prompt(tok, text: str, block_size: int) -> list[int]:
 
 
 def cpu_threads(requested: int, n_embd: int) -> int:
-    """Threads for CPU decoding; 0 leaves torch's default. A small model's decode step is dozens
-    of tiny ops: splitting each across threads costs more than it saves, and on a busy machine
-    the spinning threads made decoding 5-10x slower (bench.py sample --threads)."""
+    """Threads for CPU decoding; 0 leaves torch's default. A small model's decode step is dozens of
+    tiny ops, which more threads only slow down (docs/performance.md, decoding)."""
     return requested or (1 if n_embd <= 256 else 0)
 
 
@@ -258,7 +232,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="torch.compile the decode step (4 tokens a call): 3-5x tokens/s for small models, after a one-off compile")
     p.add_argument("--quantize", default="none", **argument(Literal["none", "int8"]),
                    help="int8: weight-only int8 Linear layers (CPU; a quarter of float32's bytes per token; "
-                        "logits within ~0.1 of float32, see README)")
+                        "logits within ~0.1 of float32: docs/sampling.md)")
     p.add_argument("--show-attention", metavar="PNG", help="save the prompt's attention maps here")
     p.add_argument("--layer", type=integer, default=0,
                    help="layer for --show-attention (negative counts from the end)")
@@ -281,7 +255,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from runtime import setup
+    from training.runtime import setup
 
     check_args(args)
     stops = [unescape(s) for s in args.stop]
@@ -309,27 +283,29 @@ def run(args: argparse.Namespace) -> None:
         generator.manual_seed(args.seed)
     else:
         generator.seed()
-    rows = [(j, k) for j in range(len(prompts)) for k in range(args.num_samples)]
-    kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stops=stops, generator=generator,
-              compile=args.compile)
+
+    def decode(rows: list[int], **stream: Any) -> list[str]:
+        return generate_texts(model, tok, [encoded[j] for j in rows], args.max_new_tokens, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p, stops=stops, generator=generator,
+                              compile=args.compile, **stream)
+
+    write_samples(args, prompts, decode)
+
+
+def write_samples(args: argparse.Namespace, prompts: list[str], decode: Callable[..., list[str]]) -> None:
+    """One sample streams to stdout as it is decoded; several are decoded --batch-size rows at a
+    time and printed when their batch is done, each under a header. decode(rows) -> texts."""
     out = sys.stdout
+    rows = [(j, k) for j in range(len(prompts)) for k in range(args.num_samples)]
     if len(rows) == 1:
         out.write(prompts[0])
         out.flush()
-
-        def stream(_: int, piece: str) -> None:
-            if piece:
-                out.write(piece)
-                out.flush()
-
-        text = generate_texts(model, tok, [encoded[0]], args.max_new_tokens, on_text=stream, **kw)[0]
-        if not (prompts[0] + text).endswith("\n"):
-            out.write("\n")
+        text = decode([0], on_text=lambda _, piece: (out.write(piece), out.flush()) if piece else None)[0]
+        out.write("" if (prompts[0] + text).endswith("\n") else "\n")
         return
     for start in range(0, len(rows), args.batch_size):
         chunk = rows[start : start + args.batch_size]
-        texts = generate_texts(model, tok, [encoded[j] for j, _ in chunk], args.max_new_tokens, **kw)
-        for (j, k), text in zip(chunk, texts):
+        for (j, k), text in zip(chunk, decode([j for j, _ in chunk])):
             where = f"prompt {j + 1}/{len(prompts)}, " if len(prompts) > 1 else ""
             out.write(f"--- {where}sample {k + 1}/{args.num_samples} ---\n{prompts[j]}{text}")
             out.write("" if (prompts[j] + text).endswith("\n") else "\n")

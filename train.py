@@ -1,27 +1,20 @@
 """Train a GPT, from one CPU to many GPUs.
 
-    python train.py --config small                 # the main job: char-level Shakespeare, ~2.5 min on a 2-core CPU
-    python train.py --config small --max-iters 200 --device cpu --lr 3e-4 --no-compile
-    python train.py --config small --resume        # continue out/small exactly where it stopped
-    python train.py --config small --max-time 60   # wall-clock budget (s), final eval+save included
-    python train.py --config runs/mine.toml        # TOML of field values, optionally base = "small"
-    python train.py --config out/small --out-dir out/again   # a finished run's settings (its config.json)
-    python train.py --config finetune_gpt2 --init-from gpt2-medium  # a hub id, a HF GPT-2 dir or a run dir
-    python train.py --config finetune_gpt2 --eval-only   # loss and perplexity of gpt2, no training
+    python train.py --config small                  # char-level Shakespeare: minutes on a 2-core CPU
+    python train.py --config small --resume         # continue out/small exactly where it stopped
+    python train.py --config small --max-time 60    # wall-clock budget (s), final eval and save included
+    python train.py --config runs/mine.toml         # TOML of field values, optionally base = "small"
+    python train.py --config out/small --out-dir out/again   # a finished run's settings
+    python train.py --config finetune_gpt2 --init-from gpt2-medium   # a hub id, a HF GPT-2 dir or a run dir
+    python train.py --config finetune_gpt2 --eval-only   # loss and perplexity, no training
+    python train.py --config gpt2 --plan --gpu h100 --nproc 8   # memory and time on paper, nothing trained
+    python train.py --config gpt2 --batch-size auto # the largest micro-batch that fits, same tokens/step
     torchrun --standalone --nproc_per_node=8 train.py --config gpt2
-    python train.py --config gpt2 --plan --gpu h100 --nproc 8   # memory and time on paper (plan.py)
-    python train.py --config gpt2 --batch-size auto # the largest micro-batch that fits, same global batch
-    python train.py --config small --help          # every option, with small's values as defaults
+    python train.py --config small --help           # every option, with small's values as defaults
 
-Configs: configs/<name>.py; every field is a flag: --max-iters 200, --max_iters=200, --compile,
---no-compile, --compile=false.
-A run writes out/<config>/: ckpt.pt (the latest, for --resume), best.pt (the lowest val loss so
-far), config.json, manifest.json, metrics.jsonl and loss.png.
-Ctrl-C (or SIGTERM) finishes the current step, saves, evaluates and exits 130 (143 for SIGTERM);
-Ctrl-C twice quits at once without saving. A nan/inf loss (training or val) stops the run without
-saving (the last good checkpoint stays) and exits 2, as do bad options. Then: python sample.py.
-On a CPU shared with other busy processes, OMP_NUM_THREADS=1 can be many times faster (idle
-OpenMP threads spin-wait for threads the OS has descheduled).
+A run writes out/<config>/: ckpt.pt (the latest), best.pt (the lowest val loss), config.json,
+manifest.json, metrics.jsonl and loss.png. Ctrl-C or SIGTERM saves and exits 130 or 143 (Ctrl-C
+twice: at once, unsaved); a nan/inf loss stops without saving and exits 2, as bad options do.
 """
 
 from __future__ import annotations
@@ -35,16 +28,17 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from budget import TimeBudget
-from checkpoint import BEST_NAME, CKPT_NAME, keep_best, lock_run_dir
-from cli import ArgumentParser, Flag, integer, number
 from configs import TrainConfig, parse_config
+from configs.cli import ArgumentParser, Flag, integer, number
+from configs.errors import UserError, entry_point
 from data.loader import GlobalBatchLoader
-from errors import UserError, entry_point
-from optim import lr_multiplier, set_lr
-from plan import DEFAULT_MFU, plan_command
-from runtime import Runtime, StopSignal, setup
-from trainrun import Run, eval_only, evaluate, sample_text, save, start_run
+from model.checkpoint import BEST_NAME, CKPT_NAME, keep_best
+from training.budget import StopSignal, TimeBudget
+from training.optim import lr_multiplier, set_lr
+from training.plan import DEFAULT_MFU, plan_report
+from training.run import (Run, eval_only, evaluate, final_estimate, lock_run_dir, sample_text, save, start_run,
+                          vocab_size)
+from training.runtime import Runtime, setup
 
 
 class TrainingDiverged(UserError):
@@ -83,37 +77,49 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rt:
 
 
 def eval_and_save(run: Run, budget: TimeBudget | None = None, save_first: bool = False) -> None:
-    """Evaluate, then save ckpt.pt, and keep it as best.pt when val improved. On a stop signal
-    save first (a short grace period still keeps the work), then evaluate. Only rank 0
-    evaluates and saves; a non-finite val loss stops every rank before anything is saved."""
-    st, rt, t0 = run.state, run.rt, time.time()
-    if save_first and rt.is_master:
+    """Evaluate, then save ckpt.pt (best.pt too when val improved). On a stop signal save first:
+    a short grace period still keeps the work. Only rank 0 evaluates and saves."""
+    t0 = time.time()
+    if save_first and run.rt.is_master:
         save(run)
+    losses = evaluate_on_every_rank(run)
+    run.state.evaluated_at = run.state.step
+    if run.rt.is_master:
+        record_eval(run, losses, saved=save_first)
+    if budget is not None:  # the final one also draws loss.png
+        budget.record_final(time.time() - t0 + (run.log.plot_cost if run.log else 0.0))
+
+
+def evaluate_on_every_rank(run: Run) -> dict[str, float]:
+    """Rank 0's eval losses ({} elsewhere); a non-finite val loss stops every rank before anything is saved."""
+    rt = run.rt
     losses = evaluate(run.model, run.ds_dir, run.cfg, rt) if rt.is_master else {}
     val = torch.tensor(losses.get("val_loss", 0.0), device=rt.device)
     if rt.ddp:
         torch.distributed.broadcast(val, src=0)  # also the barrier: the others wait for rank 0
     if not math.isfinite(val.item()):
-        raise TrainingDiverged(diverged(run, f"val loss became {val.item()} at step {st.step}"))
-    st.evaluated_at = st.step
-    if rt.is_master:
-        improved = losses["val_loss"] < st.best_val
-        st.best_val, st.losses = min(st.best_val, losses["val_loss"]), losses
-        saving = st.step > 0 and st.saved_at != st.step
-        if saving:
-            save(run)
-        if improved and st.saved_at == st.step:
-            keep_best(run.run_dir)
-        run.log.log({"step": st.step, **losses, "time": round(time.time() - run.log.started, 3)})
-        if run.cfg.sample_tokens and run.log.wandb is not None:
-            run.log.log_sample(st.step, sample_text(run.model, run.manifest, run.cfg.sample_tokens, rt, run.cfg.seed))
-        run.log.plot(force=False)
-        tqdm.write(f"step {st.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}"
-                   f"{' (best)' if improved else ''}{', saved' if saving or save_first else ''}")
-        if note := run.log.off_reference(st.step, losses):  # clearly outside the seeds' band: say so, go on
-            tqdm.write(note)
-    if budget is not None:  # the final one also draws loss.png
-        budget.record_final(time.time() - t0 + (run.log.plot_cost if run.log else 0.0))
+        raise TrainingDiverged(diverged(run, f"val loss became {val.item()} at step {run.state.step}"))
+    return losses
+
+
+def record_eval(run: Run, losses: dict[str, float], saved: bool) -> None:
+    """Rank 0 after an eval: save (and keep it as best.pt if val improved), log, plot, say so."""
+    st, log = run.state, run.log
+    improved = losses["val_loss"] < st.best_val
+    st.best_val, st.losses = min(st.best_val, losses["val_loss"]), losses
+    saving = st.step > 0 and st.saved_at != st.step
+    if saving:
+        save(run)
+    if improved and st.saved_at == st.step:
+        keep_best(run.run_dir)
+    log.log({"step": st.step, **losses, "time": round(time.time() - log.started, 3)})
+    if run.cfg.sample_tokens and log.wandb is not None:
+        log.log_sample(st.step, sample_text(run.model, run.manifest, run.cfg.sample_tokens, run.rt, run.cfg.seed))
+    log.plot(force=False)
+    tqdm.write(f"step {st.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}"
+               f"{' (best)' if improved else ''}{', saved' if saving or saved else ''}")
+    if note := log.off_reference(st.step, losses):  # clearly outside the seeds' band: say so, go on
+        tqdm.write(note)
 
 
 def diverged(run: Run, what: str) -> str:
@@ -171,7 +177,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             except KeyboardInterrupt:  # a second Ctrl-C
                 stopped = "quit"
             finally:
-                run.train_model.close()
+                run.train_model = None  # the DDP wrapper holds the process group: rt.close() ends it
                 if run.log is not None:
                     run.log.plot()  # a crash or nan: still draw what was logged
                     run.log.close(exit_code=EXIT_CODES.get(stopped, 0) if stopped else 1)  # None: it failed
@@ -183,7 +189,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 def loop(run: Run, stop: StopSignal, t_start: float) -> str:
     """Train until max_iters, the time limit or a stop signal; returns which one."""
     cfg, st, rt = run.cfg, run.state, run.rt
-    budget = TimeBudget(cfg.max_time, t_start, run.final_estimate) if cfg.max_time else None
+    budget = TimeBudget(cfg.max_time, t_start, final_estimate(run)) if cfg.max_time else None
     bar = tqdm(total=cfg.max_iters, initial=st.step, disable=not rt.is_master, dynamic_ncols=True, unit="step")
     stopped, window = "max_iters", []
     with bar:
@@ -195,7 +201,7 @@ def loop(run: Run, stop: StopSignal, t_start: float) -> str:
             t0 = time.perf_counter()
             multiplier = lr_multiplier(st.step, schedule_progress(st.step, cfg, budget), cfg)
             set_lr(run.optimizer, multiplier)
-            loss = run.train_model.run(forward_backward, run.loader, rt)  # uncompiled if compiling fails
+            loss = forward_backward(run.train_model, run.loader, rt)
             late = budget is not None and budget.out_of_time()
             loss, signalled, late = agree(rt, loss, stop.name is not None, late)
             if not math.isfinite(loss):
@@ -261,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     planning.add_argument("--mfu", type=number, default=DEFAULT_MFU, help="the model FLOPs utilisation assumed")
     cfg, args = parse_config(parser, argv)
     if args.plan:
-        return plan_command(cfg, args.gpu, args.nproc, args.mfu)
+        if args.nproc < 1 or not 0 < args.mfu <= 1:
+            raise UserError(f"--nproc must be at least 1 and --mfu in (0, 1], got {args.nproc} and {args.mfu}")
+        print(plan_report(cfg, vocab_size(cfg), args.gpu, args.nproc, args.mfu))
+        return 0
     try:
         result = train(cfg)
     except KeyboardInterrupt:  # a second Ctrl-C before training started

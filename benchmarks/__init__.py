@@ -1,9 +1,12 @@
-"""bench.py's subcommands that outgrew it, and what they share: one JSON line per measurement,
-and a device sync before each clock read."""
+"""What the benchmarks share: one JSON line per measurement, a device sync around each timing."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -13,6 +16,19 @@ def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+def timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
+    """fn()'s result and its wall seconds, the device synced before each clock read."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
+    sync()
+    t0 = time.perf_counter()
+    out = fn()
+    sync()
+    return out, time.perf_counter() - t0
+
+
+def stepper(model: Any, optimizer: Any, fwd: Any, pool: list, rt: Any, grad_clip: float) -> Callable[[], Any]:
+    """A step of train.py's own functions through fwd (model, maybe compiled), cycling through pool."""
+    from train import forward_backward, optimizer_step
+
+    data = SimpleNamespace(next_step=itertools.cycle(pool).__next__)  # what forward_backward reads
+    return lambda: (forward_backward(fwd, data, rt), optimizer_step(model, optimizer, rt, grad_clip))[0]

@@ -1,5 +1,4 @@
-"""Training configs: one typed dataclass whose fields are train.py's flags, and the configs to
-start from: named presets, TOML files and finished runs.
+"""Training configs: TrainConfig, whose fields are train.py's flags, and where a run starts from.
 
     cfg = load_config("small")                                  # configs/small.py: CONFIG
     cfg = load_config("runs/my.toml")                           # field values, optionally base = "small"
@@ -7,12 +6,9 @@ start from: named presets, TOML files and finished runs.
     cfg = load_config("small", ["--max-iters", "200", "--no-compile", "--lr=3e-4"])
     cfg, args = parse_config(parser, argv)                      # train.py: the above + its own flags
 
-A named config is a module `configs/<name>.py` that defines `CONFIG = replace(BASE, ...)`
-(or `replace(<other config>.CONFIG, ...)`): plain typed Python, so a typo in a field name
-fails at import instead of being silently ignored. The fields are flat (model shape next
-to optimiser settings) so every one of them is a single `--flag` on the command line, with
-its --help line stored on the field itself. "Off" is spelled 0 or "" rather than None
-(max_time=0: no limit) so that every flag takes one plain value.
+A preset is configs/<name>.py defining `CONFIG = replace(BASE, ...)`: typed Python, so a misspelt
+field fails at import. Fields are flat, so each is one --flag with its help stored on the field;
+"off" is 0 or "" (max_time=0), never None, so every flag takes one plain value.
 """
 
 from __future__ import annotations
@@ -26,13 +22,11 @@ from argparse import ArgumentTypeError, Namespace
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_type_hints
+from typing import Any, Literal, get_type_hints
 
-from cli import ArgumentParser, argument, closest, converter, integer
-from errors import UserError
-
-if TYPE_CHECKING:
-    from model.config import GPTConfig
+from .cli import ArgumentParser, argument, closest, converter, integer
+from .errors import UserError
+from .model import GPTConfig
 
 
 def _field(default: Any, help: str, section: str = "") -> Any:
@@ -52,7 +46,7 @@ class TrainConfig:
     data_root: str = _field("data/prepared", "where prepared datasets live")
     sampling: Literal["random", "epoch"] = _field("random", "train windows: random start positions (nanoGPT), "
                                                   "or each non-overlapping window once per epoch")
-    n_layer: int = _field(4, "transformer blocks", "model (see model/config.py)")
+    n_layer: int = _field(4, "transformer blocks", "model (see configs/model.py)")
     n_head: int = _field(4, "attention heads per block; must divide n_embd")
     n_embd: int = _field(128, "width of the residual stream")
     block_size: int = _field(64, "context length in tokens")
@@ -68,7 +62,7 @@ class TrainConfig:
     attention: Literal["sdpa", "explicit"] = _field("sdpa", "F.scaled_dot_product_attention or the spelled-out "
                                                     "softmax(QK^T)V: same numbers, speed depends on the device")
     batch_size: int = _field(12, "sequences per micro-batch per process; auto (stored as 0) = the largest "
-                             "that fits free memory, keeping tokens_per_step (plan.py)", "optimization")
+                             "that fits free memory, keeping tokens_per_step (training/plan.py)", "optimization")
     tokens_per_step: int = _field(0, "global tokens per optimizer step, reached by gradient accumulation; "
                                   "0 = one micro-batch per process")
     lr: float = _field(1e-3, "peak learning rate (AdamW), reached after warmup_iters")
@@ -131,10 +125,17 @@ class TrainConfig:
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The network this config describes: every field GPTConfig shares with TrainConfig,
         with vocab_size 0 meaning the tokenizer's (the argument)."""
-        from model.config import GPTConfig
-
         shared = {k: getattr(self, k) for k in model_fields()}
         return GPTConfig(**shared | {"vocab_size": self.vocab_size or vocab_size})
+
+    def accumulation(self, processes: int) -> int:
+        """Micro-steps per optimizer step: tokens_per_step over batch_size x block_size x processes."""
+        micro = self.batch_size * self.block_size * processes
+        tokens = self.tokens_per_step or micro
+        if tokens % micro:
+            raise UserError(f"--tokens-per-step {tokens} is not a multiple of batch_size x block_size x processes "
+                            f"= {micro}; pick a multiple (or 0 for one micro-batch per step)")
+        return tokens // micro
 
     @property
     def run_dir(self) -> Path:
@@ -151,8 +152,6 @@ class TrainConfig:
 
 def model_fields() -> tuple[str, ...]:
     """TrainConfig fields that define the network (the rest is optimisation and bookkeeping)."""
-    from model.config import GPTConfig
-
     return tuple(f.name for f in fields(GPTConfig) if f.name in FIELDS)
 
 
@@ -162,9 +161,9 @@ _TYPES = get_type_hints(TrainConfig)
 
 
 def available_configs() -> list[str]:
-    """Names of the config modules in this package."""
+    """Names of the preset modules in this package (not its own machinery)."""
     here = Path(__file__).parent
-    return sorted(m.name for m in pkgutil.iter_modules([str(here)]) if not m.name.startswith("_"))
+    return sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.name not in ("cli", "errors", "model"))
 
 
 def named_config(name: str) -> TrainConfig:

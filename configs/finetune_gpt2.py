@@ -11,12 +11,13 @@ dozen steps is enough (Shakespeare is ~300k tokens, so longer runs overfit).
 from dataclasses import replace
 
 from configs import BASE
+from configs.model import GPT2_SHAPE
 
 CONFIG = replace(
     BASE,
     dataset="shakespeare",
     init_from="gpt2",
-    n_layer=12, n_head=12, n_embd=768, block_size=1024, dropout=0.1,
+    **GPT2_SHAPE, dropout=0.1,  # the shape is the weights' (for --plan, GPT-2 small's)
     batch_size=4, tokens_per_step=32768,
     lr=3e-5, min_lr=3e-5, warmup_iters=0, lr_schedule="constant",
     weight_decay=0.0, beta2=0.99,

@@ -12,11 +12,12 @@
 from dataclasses import replace
 
 from configs import BASE
+from configs.model import GPT2_SHAPE
 
 CONFIG = replace(
     BASE,
     dataset="fineweb_edu",
-    n_layer=12, n_head=12, n_embd=768, block_size=1024, dropout=0.0,
+    **GPT2_SHAPE, dropout=0.0,
     vocab_size=50304,  # 50257 padded to a multiple of 128: faster matmuls, the extra rows go unused
     batch_size=32, tokens_per_step=524288,
     lr=6e-4, min_lr=6e-5, warmup_iters=715, lr_schedule="cosine",

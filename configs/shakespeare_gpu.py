@@ -1,5 +1,6 @@
-"""A GPU-sized character model (nanoGPT's shakespeare_char): ~10M parameters, a few minutes
-on one modern GPU, val loss around 1.47.
+"""A GPU-sized character model, nanoGPT's shakespeare_char: ~10M parameters, minutes on a GPU.
+
+Val loss around 1.47.
 
     python train.py --config shakespeare_gpu
 """

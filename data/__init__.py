@@ -1,11 +1,7 @@
 """Data: tokenizers, token files, batch loaders and `python -m data.prepare`.
 
-    from data import get_tokenizer, tokenizer_from_manifest, read_tokens, write_tokens, GlobalBatchLoader
-    from data.prepare import prepare, PRESETS, DEFAULT_ROOT
-
-The loader (which needs torch, ~2 s to import) is loaded on first use, so that
-`python -m data.prepare` and the tokenizers start fast. ``data.prepare`` is not imported here
-so that `python -m data.prepare` runs it only once.
+The loader needs torch, slow to import, so it is loaded on first use: `python -m data.prepare` and
+the tokenizers start fast. ``data.prepare`` is not imported here, so `python -m` runs it only once.
 """
 
 from typing import Any
@@ -13,10 +9,8 @@ from typing import Any
 from .tokenfile import read_header, read_tokens, write_tokens
 from .tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer, get_tokenizer, tokenizer_from_manifest
 
-__all__ = [
-    "BatchLoader", "CharTokenizer", "GPT2Tokenizer", "GlobalBatchLoader", "Tokenizer", "eval_batches",
-    "get_tokenizer", "read_header", "read_tokens", "tokenizer_from_manifest", "write_tokens",
-]
+__all__ = ["BatchLoader", "CharTokenizer", "GPT2Tokenizer", "GlobalBatchLoader", "Tokenizer", "eval_batches",
+           "get_tokenizer", "read_header", "read_tokens", "tokenizer_from_manifest", "write_tokens"]
 
 
 def __getattr__(name: str) -> Any:

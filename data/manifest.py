@@ -1,8 +1,13 @@
-"""manifest.json, what a prepared dataset is: read and checked in one place, and compared
-wherever a model meets data (--resume, --init-from, sampling).
+"""manifest.json, what a prepared dataset is: read, checked and compared where a model meets data.
 
-A token id means something only under the vocabulary it was made with: a model resumed or
-sampled with another vocabulary produces confident nonsense, so every mismatch is refused.
+Compared on --resume, --init-from and sampling.
+
+Fields: name, tokenizer ("char" | "gpt2"), vocab_size, chars (char only: the vocabulary as one
+string, id = index), eot_id (gpt2: 50256; char: null), train_tokens, val_tokens, dtype, source
+(what was read), sha256 (of the local files' bytes; for hub datasets, of the documents' UTF-8 text
+as read), version (token-file format), val_fraction, split_by, doc_separator.
+A token id means something only under its own vocabulary (under another, a model produces
+confident nonsense), so every mismatch is refused.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from errors import UserError
+from configs.errors import UserError, first_line
 
 from .tokenfile import read_header
 
@@ -38,14 +43,13 @@ def read_manifest(path: str | Path, fix: str = REPREPARE) -> dict[str, Any]:
     try:
         manifest = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:  # ValueError: bad JSON, or bytes that are not UTF-8
-        reason = e.strerror if isinstance(e, OSError) else str(e).splitlines()[0][:120]
+        reason = e.strerror if isinstance(e, OSError) else first_line(e, 120)
         raise UserError(f"cannot read {path} ({reason}); {fix}") from None
     return check_manifest(manifest, str(path), fix)
 
 
 def read_dataset_manifest(ds_dir: str | Path) -> dict[str, Any]:
-    """A prepared dataset's manifest, checked against its token files' headers (32 bytes each), so
-    token files from another preparation (ids beyond this vocabulary) are refused before training."""
+    """A prepared dataset's manifest, checked against its token files' headers (32 bytes each)."""
     ds_dir = Path(ds_dir)
     manifest = read_manifest(ds_dir / "manifest.json")
     for split in ("train", "val"):
@@ -62,11 +66,9 @@ def differences(old: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...] 
     changes = []
     for key in keys:
         a, b = old.get(key), new.get(key)
-        if a == b:
-            continue
-        if key == "chars" and isinstance(a, str) and isinstance(b, str):
+        if a != b and key == "chars" and isinstance(a, str) and isinstance(b, str):
             gone, added = "".join(sorted(set(a) - set(b))), "".join(sorted(set(b) - set(a)))
             changes.append("chars" + (f" -{gone!r}" if gone else "") + (f" +{added!r}" if added else ""))
-        else:
+        elif a != b:
             changes.append(f"{key} {a!r} -> {b!r}")
     return changes

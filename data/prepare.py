@@ -9,49 +9,34 @@
     python -m data.prepare --hf path/to/dataset_dir --split validation  # data files or save_to_disk
     python -m data.prepare --hf roneneldan/TinyStories --revision main --streaming   # needs network
 
-Splits: the first (1 - val_fraction) of the text is train, the rest val. A single text (the
-presets, --text FILE) is split by characters before encoding, exactly as nanoGPT does (so
-shakespeare_char gives 1,003,854 / 111,540 tokens). Multi-document sources (folders, --files,
---hf) are encoded document by document into one stream that is split by tokens, because the
-size of a streamed source is unknown until the end. Documents are separated by
-<|endoftext|> (gpt2) or a blank line "\\n\\n" (char; "\\n" is then always in the vocabulary).
-The char vocabulary is the sorted set of characters of the corpus; for a multi-document source
-that takes an extra pass over it (a second download when streaming from the Hub).
-
-manifest.json: name, tokenizer ("char" | "gpt2"), vocab_size, chars (char only: the vocabulary
-as one string, id = index), eot_id (gpt2: 50256; char: null), train_tokens, val_tokens, dtype,
-source (what was read), sha256 (of the local files' bytes; for hub datasets, of the documents'
-UTF-8 text as read), version (token-file format), val_fraction, split_by, doc_separator.
-Read the tokenizer back with data.tokenizer_from_manifest(manifest).
-
-Re-running is cheap: when the manifest matches (same tokenizer, split and source content hash,
-or for hub datasets the same name/subset/split/revision), the existing files are reused; --force
-rebuilds. `datasets` reads every source (data/sources.py); only a hub dataset asks the network,
-and not when it is in the datasets cache and the hub is unreachable.
-Every file is written under a temporary name and renamed when complete, manifest last.
+A single text (a preset, --text FILE) is split by characters (val is the last --val-fraction), as
+nanoGPT does. Folders, --files and --hf are encoded document by document (each followed by
+<|endoftext|>, or "\\n\\n" for char) into one stream split by tokens, since a streamed source's size
+is known only at its end; their char vocabulary takes an extra pass (a second download when
+streaming from the hub). A re-run whose manifest (data/manifest.py) matches reuses the files;
+--force rebuilds. Each file is written whole or not at all, the manifest last.
 """
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import itertools
-import json
 import multiprocessing
 import os
 import re
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cli import ArgumentParser, Flag, integer, number, one_of
-from errors import UserError, entry_point
+from configs.cli import ArgumentParser, Flag, integer, number, one_of
+from configs.errors import UserError, entry_point
 
+from .files import write_json
 from .manifest import read_dataset_manifest
 from .sources import Source, dataset_source, files_source, split_name, text_source
 from .tokenfile import VERSION, dtype_for_vocab, read_tokens, truncate_tokens, write_tokens
@@ -68,11 +53,6 @@ _BATCH_DOCS, _BATCH_CHARS = 1024, 4 << 20  # documents per worker task, bounded 
 _COPY_CHUNK = 1 << 24  # tokens copied at a time from the stream into val.bin
 _CHUNK_CHARS = 4 << 20  # a single text is encoded in pieces of about this size (bounded memory)
 _SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
-
-
-def _log(verbose: bool, msg: str) -> None:
-    if verbose:
-        print(msg, flush=True)
 
 
 def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: str | None, split: str,
@@ -109,22 +89,15 @@ def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: st
         source = dataset_source(hf, subset, split, text_column, streaming, revision)  # type: ignore[arg-type]
         stem = Path(hf).resolve().name if Path(hf).is_dir() else hf.replace("/", "_")  # type: ignore[arg-type]
         stem += f"_{subset}" if subset else ""
-    name = name or (stem + ("_char" if tokenizer == "char" else ""))
-    return source, tokenizer, name
+    return source, tokenizer, name or (stem + ("_char" if tokenizer == "char" else ""))
 
 
-def _request(source: Source, tokenizer: str, val_fraction: float) -> dict[str, Any]:
-    """The manifest fields that must match for existing outputs to be reused."""
-    want: dict[str, Any] = {"version": VERSION, "tokenizer": tokenizer, "val_fraction": val_fraction,
-                            "split_by": "characters" if source.text is not None else "tokens"}
-    if source.sha256 is not None:
-        want["sha256"] = source.sha256
-    else:  # hub data cannot be hashed without reading it all; trust the identity
-        want["source"] = source.description
-    return want
-
-
-def _reusable(out_dir: Path, want: dict[str, Any]) -> dict[str, Any] | None:
+def _reusable(out_dir: Path, source: Source, tokenizer: str, val_fraction: float) -> dict[str, Any] | None:
+    """The manifest of existing outputs made from this source the same way, else None."""
+    want = {"version": VERSION, "tokenizer": tokenizer, "val_fraction": val_fraction,
+            "split_by": "characters" if source.text is not None else "tokens",
+            # hub data cannot be hashed without reading it all: trust its identity
+            **({"sha256": source.sha256} if source.sha256 is not None else {"source": source.description})}
     try:
         manifest = read_dataset_manifest(out_dir)
     except UserError:  # missing, damaged or inconsistent: rebuild
@@ -141,45 +114,22 @@ def _encode(tok: Tokenizer, docs: list[str], separate: bool) -> np.ndarray:
     return np.concatenate(parts).astype(dtype_for_vocab(tok.vocab_size))
 
 
-def _text_chunks(text: str) -> Iterator[list[str]]:
-    """Pieces of about _CHUNK_CHARS characters, cut only where the encoding cannot change.
-
-    Cuts go after a lone newline and before a non-space character: GPT-2's pre-tokenizer ends a
-    piece there anyway (a longer whitespace run at a chunk end would become one piece), so
-    encoding chunk by chunk gives exactly the tokens of encoding the whole text at once.
-    """
+def _text_chunks(text: str, bar: Any) -> Iterator[list[str]]:
+    """Pieces of about _CHUNK_CHARS characters (counted on bar), cut after a lone newline and before a
+    non-space character: GPT-2's pre-tokenizer ends a piece there anyway (a longer whitespace run at
+    a chunk end would become one piece), so the pieces encode to exactly the whole text's tokens."""
     pos = 0
     while pos < len(text):
         cut = _SAFE_CUT.search(text, min(pos + _CHUNK_CHARS, len(text)))
         end = cut.start() if cut else len(text)
+        bar.update(end - pos)
         yield [text[pos:end]]
         pos = end
 
 
-_WORKER_TOK: Tokenizer | None = None
-
-
-def _init_worker(spec: dict[str, Any]) -> None:
-    global _WORKER_TOK
-    _WORKER_TOK = tokenizer_from_manifest(spec)
-
-
-def _worker_encode(docs: list[str], separate: bool) -> np.ndarray:
-    assert _WORKER_TOK is not None
-    return _encode(_WORKER_TOK, docs, separate)
-
-
-def _batches(docs: Iterable[str]) -> Iterator[list[str]]:
-    batch: list[str] = []
-    size = 0
-    for doc in docs:
-        batch.append(doc)
-        size += len(doc)
-        if len(batch) >= _BATCH_DOCS or size >= _BATCH_CHARS:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
+def _worker_encode(spec: dict[str, Any], docs: list[str], separate: bool) -> np.ndarray:
+    # The tokenizer is rebuilt per task: cheap (GPT-2's encoding is cached in each worker).
+    return _encode(tokenizer_from_manifest(spec), docs, separate)
 
 
 def _encode_stream(tok: Tokenizer, batches: Iterator[list[str]], num_proc: int,
@@ -191,53 +141,15 @@ def _encode_stream(tok: Tokenizer, batches: Iterator[list[str]], num_proc: int,
         yield from (_encode(tok, batch, separate) for batch in batches)
         return
     spec = {"tokenizer": tok.name, "chars": getattr(tok, "chars", None)}
-    with multiprocessing.get_context().Pool(num_proc, _init_worker, (spec,)) as pool:
+    with multiprocessing.get_context().Pool(num_proc) as pool:
         # Pool.imap would read the whole (maybe streamed) source ahead; keep a bounded window.
-        pending: collections.deque = collections.deque()
+        pending: list = []
         for batch in batches:
-            pending.append(pool.apply_async(_worker_encode, (batch, separate)))
+            pending.append(pool.apply_async(_worker_encode, (spec, batch, separate)))
             if len(pending) >= 2 * num_proc:
-                yield pending.popleft().get()
+                yield pending.pop(0).get()
         while pending:
-            yield pending.popleft().get()
-
-
-def _tokenize_documents(source: Source, tok_name: str, out_dir: Path, name: str,
-                        num_proc: int, verbose: bool) -> tuple[Tokenizer, Path, str | None]:
-    """Encode every document into one temporary token file; (tokenizer, that file, text hash)."""
-    from tqdm import tqdm
-
-    if tok_name == "char":
-        chars: set[str] = set(CHAR_DOC_SEPARATOR)
-        documents = source.documents()  # opens the source: errors surface before any progress bar
-        for doc in tqdm(documents, total=source.total, unit="doc", disable=not verbose,
-                        desc=f"{name}: char vocabulary"):
-            chars.update(doc)
-        tok = get_tokenizer("char", chars=sorted(chars))
-    else:
-        tok = get_tokenizer(tok_name)
-    hasher = hashlib.sha256()
-
-    documents = source.documents()
-
-    def docs() -> Iterator[str]:
-        for doc in documents:
-            if not doc.strip():  # an empty document would add only a separator
-                continue
-            hasher.update(doc.encode("utf-8", "surrogatepass") + b"\x1e")
-            bar.update(1)
-            yield doc
-
-    stream = out_dir / f"stream.{os.getpid()}.tmp"
-    with tqdm(total=source.total, unit="doc", disable=not verbose, desc=f"{name}: tokenizing") as bar:
-        write_tokens(stream, _encode_stream(tok, _batches(docs()), num_proc), tok.vocab_size)
-    return tok, stream, None if source.sha256 else hasher.hexdigest()
-
-
-def _counted(chunks: Iterator[list[str]], bar: Any) -> Iterator[list[str]]:
-    for chunk in chunks:
-        bar.update(len(chunk[0]))
-        yield chunk
+            yield pending.pop(0).get()
 
 
 def _check_split_sizes(n_train: int, n_val: int, val_fraction: float) -> None:
@@ -248,93 +160,120 @@ def _check_split_sizes(n_train: int, n_val: int, val_fraction: float) -> None:
 
 def _prepare_single_text(source: Source, tok_name: str, out_dir: Path, val_fraction: float,
                          num_proc: int, verbose: bool) -> tuple[Tokenizer, dict[str, int], None]:
-    """Split one text by characters (nanoGPT's rule), then encode each part into its file."""
     from tqdm import tqdm
 
-    assert source.text is not None
     corpus = source.text()
     if not corpus.strip():
         raise UserError(f"{source.label} is empty; give a file with text")
     tok = get_tokenizer(tok_name, text=corpus)
     cut = int(len(corpus) * (1 - val_fraction))
-    parts = {"train": corpus[:cut], "val": corpus[cut:]}
-    _check_split_sizes(len(parts["train"]), len(parts["val"]), val_fraction)
-    (out_dir / "manifest.json").unlink(missing_ok=True)  # see prepare()
+    _check_split_sizes(cut, len(corpus) - cut, val_fraction)
+    (out_dir / "manifest.json").unlink(missing_ok=True)  # first: an interrupted rebuild never looks complete
     counts = {}
     with tqdm(total=len(corpus), unit="char", unit_scale=True, desc=f"{out_dir.name}: tokenizing",
               disable=not verbose or len(corpus) < 4 * _CHUNK_CHARS) as bar:
-        for split_name, part in parts.items():
-            encoded = _encode_stream(tok, _counted(_text_chunks(part), bar), num_proc, separate=False)
-            counts[split_name] = write_tokens(out_dir / f"{split_name}.bin", encoded, tok.vocab_size)
+        for split, part in (("train", corpus[:cut]), ("val", corpus[cut:])):
+            encoded = _encode_stream(tok, _text_chunks(part, bar), num_proc, separate=False)
+            counts[split] = write_tokens(out_dir / f"{split}.bin", encoded, tok.vocab_size)
     return tok, counts, None
 
 
-def prepare(
-    name: str | None = None,
-    *,
-    text: str | os.PathLike | None = None,
-    files: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
-    hf: str | None = None,
-    subset: str | None = None,
-    split: str = "train",
-    revision: str | None = None,
-    text_column: str = "text",
-    streaming: bool = False,
-    tokenizer: str | None = None,
-    val_fraction: float = 0.1,
-    out_root: str | os.PathLike = DEFAULT_ROOT,
-    num_proc: int | None = None,
-    force: bool = False,
-    verbose: bool = True,
-) -> Path:
-    """Prepare dataset ``name`` (a preset, or the output name for --text/--files/--hf sources).
+def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fraction: float,
+                       num_proc: int, verbose: bool) -> tuple[Tokenizer, dict[str, int], str | None]:
+    """Encode the documents into one stream, then split it by tokens: the tail is copied to val.bin
+    and the stream, cut short, becomes train.bin (disk peaks at 1 + val_fraction times, not 2)."""
+    from tqdm import tqdm
 
-    Returns data/prepared/<name> holding train.bin, val.bin and manifest.json. Idempotent.
-    """
+    if tok_name == "char":
+        chars: set[str] = set(CHAR_DOC_SEPARATOR)
+        documents = source.documents()  # opens the source: errors surface before any progress bar
+        for doc in tqdm(documents, total=source.total, unit="doc", disable=not verbose,
+                        desc=f"{out_dir.name}: char vocabulary"):
+            chars.update(doc)
+        tok = get_tokenizer("char", chars=sorted(chars))
+    else:
+        tok = get_tokenizer(tok_name)
+    hasher = hashlib.sha256()
+    documents = source.documents()
+
+    def batches() -> Iterator[list[str]]:
+        batch: list[str] = []
+        size = 0
+        for doc in documents:
+            if not doc.strip():  # an empty document would add only a separator
+                continue
+            hasher.update(doc.encode("utf-8", "surrogatepass") + b"\x1e")
+            bar.update(1)
+            batch.append(doc)
+            size += len(doc)
+            if len(batch) >= _BATCH_DOCS or size >= _BATCH_CHARS:
+                yield batch
+                batch, size = [], 0
+        if batch:
+            yield batch
+
+    stream = out_dir / f"stream.{os.getpid()}.tmp"
+    try:
+        with tqdm(total=source.total, unit="doc", disable=not verbose, desc=f"{out_dir.name}: tokenizing") as bar:
+            write_tokens(stream, _encode_stream(tok, batches(), num_proc), tok.vocab_size)
+        tokens = read_tokens(stream)
+        if len(tokens) == 0:
+            raise UserError(f"{source.label} has no text; give a non-empty corpus")
+        cut = int(len(tokens) * (1 - val_fraction))
+        _check_split_sizes(cut, len(tokens) - cut, val_fraction)
+        (out_dir / "manifest.json").unlink(missing_ok=True)  # as in _prepare_single_text
+        val_chunks = (tokens[i : i + _COPY_CHUNK] for i in range(cut, len(tokens), _COPY_CHUNK))
+        counts = {"val": write_tokens(out_dir / "val.bin", val_chunks, tok.vocab_size), "train": cut}
+        del tokens, val_chunks  # release the memmap before truncating the file under it
+        truncate_tokens(stream, cut)
+        os.replace(stream, out_dir / "train.bin")
+    finally:
+        stream.unlink(missing_ok=True)
+    return tok, counts, None if source.sha256 else hasher.hexdigest()
+
+
+def dataset_dir(name: str, root: str | os.PathLike = DEFAULT_ROOT) -> Path:
+    """Where dataset `name` is: a preset is prepared on first use (a no-op later); others must be prepared already."""
+    if name in PRESETS:
+        return prepare(name, out_root=root)
+    path = Path(root) / name
+    if (path / "manifest.json").is_file():
+        return path
+    raise UserError(f"dataset {name!r} is neither a preset ({', '.join(PRESETS)}) nor prepared in {path}; "
+                    f"prepare it first: python -m data.prepare --hf <hub dataset> --name {name}")
+
+
+def prepare(name: str | None = None, *, text: str | os.PathLike | None = None,
+            files: str | os.PathLike | Sequence[str | os.PathLike] | None = None, hf: str | None = None,
+            subset: str | None = None, split: str = "train", revision: str | None = None,
+            text_column: str = "text", streaming: bool = False, tokenizer: str | None = None,
+            val_fraction: float = 0.1, out_root: str | os.PathLike = DEFAULT_ROOT,
+            num_proc: int | None = None, force: bool = False, verbose: bool = True) -> Path:
+    """Prepare dataset ``name`` (a preset, or the output name for a --text/--files/--hf source); returns its folder."""
     if not 0.0 < val_fraction < 1.0:
         raise UserError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-    source, tok_name, name = _resolve(name, text, files, hf, subset, split, revision, text_column,
-                                      streaming, tokenizer)
+    source, tok_name, name = _resolve(name, text, files, hf, subset, split, revision, text_column, streaming, tokenizer)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise UserError(f"dataset name {name!r} must be letters, digits, '.', '_' or '-'; pass --name")
     out_dir = Path(out_root) / name
-    want = _request(source, tok_name, val_fraction)
-    if not force and (manifest := _reusable(out_dir, want)) is not None:
-        _log(verbose, f"{name}: up to date ({manifest['train_tokens']:,} train / "
-                      f"{manifest['val_tokens']:,} val tokens) in {out_dir}")
+    if not force and (manifest := _reusable(out_dir, source, tok_name, val_fraction)) is not None:
+        if verbose:
+            print(f"{name}: up to date ({manifest['train_tokens']:,} train / {manifest['val_tokens']:,} val tokens) "
+                  f"in {out_dir}", flush=True)
         return out_dir
 
     t0 = time.perf_counter()
     fresh_dir = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     num_proc = num_proc or min(8, os.cpu_count() or 1)
-    stream: Path | None = None
+    single = source.text is not None
     try:
-        if source.text is not None:
-            tok, counts, text_hash = _prepare_single_text(source, tok_name, out_dir, val_fraction,
-                                                          num_proc, verbose)
-        else:
-            tok, stream, text_hash = _tokenize_documents(source, tok_name, out_dir, name, num_proc, verbose)
-            tokens = read_tokens(stream)
-            if len(tokens) == 0:
-                raise UserError(f"{source.label} has no text; give a non-empty corpus")
-            cut = int(len(tokens) * (1 - val_fraction))
-            _check_split_sizes(cut, len(tokens) - cut, val_fraction)
-            # Drop the old manifest first, so an interrupted rebuild never looks complete.
-            (out_dir / "manifest.json").unlink(missing_ok=True)
-            # The stream becomes train.bin once its tail is copied out: disk peaks at 1.1x, not 2x.
-            val_chunks = (tokens[i : i + _COPY_CHUNK] for i in range(cut, len(tokens), _COPY_CHUNK))
-            counts = {"val": write_tokens(out_dir / "val.bin", val_chunks, tok.vocab_size), "train": cut}
-            del tokens, val_chunks  # release the memmap before truncating the file under it
-            truncate_tokens(stream, cut)
-            os.replace(stream, out_dir / "train.bin")
+        tok, counts, text_hash = (_prepare_single_text if single else _prepare_documents)(
+            source, tok_name, out_dir, val_fraction, num_proc, verbose)
     except BaseException:
         if fresh_dir:  # everything in it is ours and incomplete
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
-    finally:
-        if stream is not None:
-            stream.unlink(missing_ok=True)
 
     manifest = {
         "version": VERSION, "name": name, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
@@ -342,16 +281,14 @@ def prepare(
         "eot_id": tok.eot_id, "train_tokens": counts["train"], "val_tokens": counts["val"],
         "dtype": dtype_for_vocab(tok.vocab_size).name, "source": source.description,
         "sha256": source.sha256 or text_hash, "val_fraction": val_fraction,
-        "split_by": "characters" if source.text is not None else "tokens",
-        "doc_separator": None if source.text is not None else
-        ("<|endoftext|>" if tok.eot_id is not None else CHAR_DOC_SEPARATOR),
+        "split_by": "characters" if single else "tokens",
+        "doc_separator": None if single else ("<|endoftext|>" if tok.eot_id is not None else CHAR_DOC_SEPARATOR),
     }
-    tmp = out_dir / f"manifest.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, out_dir / "manifest.json")
-    _log(verbose, f"{name}: {tok.name} tokenizer, vocab {tok.vocab_size:,}; train {counts['train']:,} "
-                  f"tokens, val {counts['val']:,} tokens ({manifest['dtype']}) in "
-                  f"{time.perf_counter() - t0:.2f}s -> {out_dir}")
+    write_json(out_dir / "manifest.json", manifest, ensure_ascii=False)  # chars as they read
+    if verbose:
+        print(f"{name}: {tok.name} tokenizer, vocab {tok.vocab_size:,}; train {counts['train']:,} tokens, val "
+              f"{counts['val']:,} tokens ({manifest['dtype']}) in {time.perf_counter() - t0:.2f}s -> {out_dir}",
+              flush=True)
     return out_dir
 
 
@@ -378,15 +315,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--num-proc", type=integer, help="tokenizer processes (default: cores, max 8)")
     p.add_argument("--force", action=Flag, help="rebuild even if the outputs are up to date")
     p.add_argument("--quiet", action=Flag, help="no progress output")
-    a = p.parse_args(argv)
-    if a.out_name and not (a.text or a.files or a.hf):
+    kw = vars(p.parse_args(argv))  # the other options are prepare()'s keyword arguments
+    name, out_name, quiet = kw.pop("name"), kw.pop("out_name"), kw.pop("quiet")
+    if out_name and not (kw["text"] or kw["files"] or kw["hf"]):
         p.error("--name applies to --text/--files/--hf; a preset is written to <out-root>/<preset>")
-    if a.name and a.out_name and a.name != a.out_name:
+    if name and out_name and name != out_name:
         p.error("give the output name once (NAME or --name)")
-    prepare(a.out_name or a.name, text=a.text, files=a.files, hf=a.hf, subset=a.subset,
-            split=a.split, revision=a.revision, text_column=a.text_column, streaming=a.streaming,
-            tokenizer=a.tokenizer, val_fraction=a.val_fraction, out_root=a.out_root,
-            num_proc=a.num_proc, force=a.force, verbose=not a.quiet)
+    prepare(out_name or name, verbose=not quiet, **kw)
     return 0
 
 

@@ -1,11 +1,8 @@
-"""Token files (train.bin / val.bin): a 32-byte header followed by the raw token ids.
+"""Token files (train.bin / val.bin): a 32-byte header, then the raw token ids.
 
-Header (little-endian): magic b"GPTTOK\\0\\0" (8 bytes), format version (uint32), dtype code
-(uint32: 2 = uint16, 4 = uint32, i.e. bytes per token), token count (uint64), 8 reserved zero
-bytes. uint16 is used whenever the vocabulary fits (GPT-2's 50257 does), halving disk and page
-cache. ``read_tokens`` checks every header field against the file size and returns a read-only
-memmap (no copy). ``write_tokens`` writes a temporary file beside the target and renames it into
-place, so a crash never leaves a half-written token file under the real name.
+Header, little-endian: magic b"GPTTOK\\0\\0" (8 bytes), format version (uint32), dtype code
+(uint32: bytes per token, 2 = uint16, 4 = uint32), token count (uint64), 8 reserved zero bytes.
+uint16 whenever the vocabulary fits (GPT-2's 50257 does): half the disk and page cache.
 """
 
 from __future__ import annotations
@@ -14,10 +11,13 @@ import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
-from errors import UserError
+from configs.errors import UserError
+
+from .files import atomic_write
 
 MAGIC = b"GPTTOK\0\0"
 VERSION = 1
@@ -67,55 +67,34 @@ def read_tokens(path: str | os.PathLike) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(count,))
 
 
-def write_tokens(
-    path: str | os.PathLike,
-    tokens: np.ndarray | Iterable[np.ndarray] | Iterable[int],
-    vocab_size: int,
-) -> int:
-    """Write ``tokens`` (an array, or an iterable of arrays for streaming) atomically; returns the count.
-
-    The dtype is chosen from ``vocab_size``; ids outside 0..vocab_size-1 are a bug and raise.
-    """
-    path = Path(path)
+def write_tokens(path: str | os.PathLike, tokens: np.ndarray | Iterable[np.ndarray] | Iterable[int],
+                 vocab_size: int) -> int:
+    """Write ``tokens`` (an array, or an iterable of arrays, streamed) whole or not at all; returns
+    the count. The dtype follows ``vocab_size``; an id outside 0..vocab_size-1 is a bug: ValueError."""
     dtype = dtype_for_vocab(vocab_size)
-    if isinstance(tokens, np.ndarray):
-        chunks: Iterable = [tokens]
-    elif isinstance(tokens, (list, tuple)) and (not tokens or np.isscalar(tokens[0])):
-        chunks = [np.asarray(tokens, dtype=np.int64)]
-    else:
-        chunks = tokens
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    flat = isinstance(tokens, (list, tuple)) and (not tokens or np.isscalar(tokens[0]))  # a list of ids
+    chunks: Iterable = [tokens] if flat or isinstance(tokens, np.ndarray) else tokens
     count = 0
-    try:
-        with open(tmp, "wb") as f:
-            f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, 0))  # count is patched in below
-            for chunk in chunks:
-                chunk = np.asarray(chunk)
-                if chunk.size == 0:
-                    continue
-                lo, hi = int(chunk.min()), int(chunk.max())
-                if lo < 0 or hi >= vocab_size:
-                    bad = hi if hi >= vocab_size else lo
-                    raise ValueError(f"token id {bad} outside vocab of size {vocab_size}")
-                f.write(memoryview(np.ascontiguousarray(chunk, dtype=dtype)))
-                count += chunk.size
-            f.seek(0)
-            f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, count))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    def write(f: IO[bytes]) -> None:
+        nonlocal count
+        f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, 0))  # the count is patched in below
+        for chunk in map(np.asarray, chunks):
+            if chunk.size and (chunk.min() < 0 or chunk.max() >= vocab_size):
+                bad = chunk.max() if chunk.max() >= vocab_size else chunk.min()
+                raise ValueError(f"token id {bad} outside vocab of size {vocab_size}")
+            f.write(memoryview(np.ascontiguousarray(chunk, dtype=dtype)))
+            count += chunk.size
+        f.seek(0)
+        f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, count))
+
+    atomic_write(Path(path), write)
     return count
 
 
 def truncate_tokens(path: str | os.PathLike, count: int) -> None:
     """Keep only the first ``count`` tokens of a token file, in place (no mmap of it may be open)."""
-    path = Path(path)
-    dtype, total = read_header(path)
-    if not 0 <= count <= total:
-        raise ValueError(f"cannot truncate {total} tokens to {count}")
+    dtype, _ = read_header(path)
     with open(path, "r+b") as f:
         f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, count))
         f.truncate(HEADER_SIZE + count * dtype.itemsize)

@@ -1,8 +1,9 @@
 """A decoder-only transformer (GPT) and its parts; see gpt.py for the walk of shapes."""
 
+from configs.model import GPTConfig
+
 from .attention import CausalSelfAttention, MultiHeadAttention
-from .config import GPTConfig
-from .gpt import GPT, sample_next
-from .kv_cache import KVCache
+from .gpt import GPT
+from .kv_cache import KVCache, sample_next
 
 __all__ = ["GPT", "GPTConfig", "KVCache", "CausalSelfAttention", "MultiHeadAttention", "sample_next"]

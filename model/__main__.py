@@ -9,13 +9,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from errors import entry_point
+from configs.errors import entry_point
 
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    from cli import ArgumentParser, integer
     from configs import available_configs, load_config
+    from configs.cli import ArgumentParser, integer
     from data.manifest import read_manifest
 
     parser = ArgumentParser(prog="python -m model", description=__doc__)
@@ -35,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         vocab = read_manifest(manifest)["vocab_size"]
     if not vocab:  # not prepared yet: the two tokenizers' sizes
         vocab = 65 if "char" in cfg.dataset else 50257
-    model = GPT(cfg.model_config(vocab))
-    print(shape_trace(model, args.batch_size, args.seq_len, args.blocks))
+    print(shape_trace(GPT(cfg.model_config(vocab)), args.batch_size, args.seq_len, args.blocks))
     return 0
 
 

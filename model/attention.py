@@ -1,32 +1,20 @@
-"""Multi-head attention, fused and per-head.
-
-`CausalSelfAttention` is the one the GPT uses: one fused projection makes q, k and v for all
-heads, which are split into heads with a reshape `(B, T, C) -> (B, nh, T, hs)`. The causal mask
-is a registered `torch.triu` buffer. It also takes a padding mask or per-sequence valid lengths,
-a separate key/value source (cross-attention), a KV cache, and can return its attention weights.
-
-`MultiHeadAttention` is the textbook form the write-ups use: an `nn.ModuleList` of single
-heads whose outputs are concatenated and projected. It takes what the GPT does not need (a
-head size free of the width, queries, keys and values of different widths, masks in either
-convention, per-query valid lengths) and is the oracle tests load the fused weights into.
-"""
+"""Multi-head attention, fused (the GPT's) and per-head (the write-ups' form, the tests' oracle)."""
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import GPTConfig
-from .kv_cache import KVCache
 from .layers import RMSNorm, apply_rotary
 
+if TYPE_CHECKING:  # annotations only
+    from configs.model import GPTConfig
 
-def causal_mask(size: int) -> torch.Tensor:
-    """(size, size) bool, True above the diagonal: the future positions a query must not see."""
-    return torch.triu(torch.ones(size, size, dtype=torch.bool), diagonal=1)
+    from .kv_cache import KVCache
 
 
 def lengths_to_mask(valid_lens: torch.Tensor, size: int) -> torch.Tensor:
@@ -38,7 +26,6 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int = 0):
         super().__init__()
         self.n_head = config.n_head
-        self.n_embd = config.n_embd
         self.head_size = config.head_size
         self.layer_idx = layer_idx  # which slot of a shared KVCache belongs to this layer
         self.dropout = config.dropout
@@ -47,43 +34,30 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
-        if config.qk_norm:
-            self.q_norm = RMSNorm(self.head_size, config.norm_eps)
-            self.k_norm = RMSNorm(self.head_size, config.norm_eps)
-        else:
-            self.q_norm = self.k_norm = None
-        # Derived from block_size alone, so it is not saved with the weights.
-        self.register_buffer("causal_mask", causal_mask(config.block_size), persistent=False)
+        self.q_norm = RMSNorm(self.head_size, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_size, config.norm_eps) if config.qk_norm else None
+        # True above the diagonal: the future. Derived from block_size alone, so not saved with the weights.
+        future = torch.triu(torch.ones(config.block_size, config.block_size, dtype=torch.bool), diagonal=1)
+        self.register_buffer("causal_mask", future, persistent=False)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        context: torch.Tensor | None = None,
-        padding_mask: torch.Tensor | None = None,
-        valid_lens: torch.Tensor | None = None,
-        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
-        kv_cache: KVCache | None = None,
-        return_attention: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, C) -> (B, T, C); with return_attention also the weights (B, nh, T, Tk).
-
-        context: (B, Tc, C) keys/values come from here instead of x (cross-attention, no
-            causal mask). padding_mask: (B, Tk) bool, True marks a real key; valid_lens: (B,)
-            the same thing for right-padded keys. rotary: (cos, sin) for the query positions.
-            kv_cache: keys/values of earlier positions; this call writes the step's slots
-            (KVCache.begin, called by the GPT) and attends by the cache's mask instead.
-        """
+    def forward(self, x: torch.Tensor, *, context: torch.Tensor | None = None,
+                padding_mask: torch.Tensor | None = None, valid_lens: torch.Tensor | None = None,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). context: (B, Tc, C) keys/values come from here instead of x
+        (cross-attention, no causal mask). padding_mask: (B, Tk) bool, True marks a real key;
+        valid_lens: (B,) the same for right-padded keys. rotary: (cos, sin) for the query positions.
+        kv_cache: keys/values of earlier positions; this call writes the step's slots (KVCache.begin,
+        called by the GPT) and attends by the cache's mask instead."""
         B, T, C = x.size()
         if context is None:
-            q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # (B, T, 3C) -> 3 x (B, T, C)
-        else:
+            q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, 3C) -> 3 x (B, T, C)
+        else:  # the same weights: queries from x, keys and values from context
             if kv_cache is not None:
                 raise ValueError("a KV cache is for self-attention; cross-attention keys do not grow")
-            w_q, w_kv = self.c_attn.weight.split([C, 2 * C], dim=0)
-            b_q, b_kv = self.c_attn.bias.split([C, 2 * C]) if self.c_attn.bias is not None else (None, None)
-            q = F.linear(x, w_q, b_q)
-            k, v = F.linear(context, w_kv, b_kv).split(C, dim=2)  # (B, Tc, 2C) -> 2 x (B, Tc, C)
+            w, b = self.c_attn.weight, self.c_attn.bias
+            q = F.linear(x, w[:C], None if b is None else b[:C])  # (B, T, C)
+            k, v = F.linear(context, w[C:], None if b is None else b[C:]).split(C, dim=2)  # (B, Tc, 2C) -> 2 x (B, Tc, C)
         q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, T, C) -> (B, nh, T, hs)
         k = k.view(B, -1, self.n_head, self.head_size).transpose(1, 2)  # (B, Tk, C) -> (B, nh, Tk, hs)
         v = v.view(B, -1, self.n_head, self.head_size).transpose(1, 2)  # (B, Tk, C) -> (B, nh, Tk, hs)
@@ -92,56 +66,39 @@ class CausalSelfAttention(nn.Module):
         if rotary is not None and context is None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
 
+        mask = None  # bool (B|1, 1, T, Tk), True = attend; None: all but the future
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nh, max_len, hs): every slot
             mask = kv_cache.attn_mask  # (B, 1, T, max_len): which slots each query sees
-        else:
+        elif padding_mask is not None or valid_lens is not None:
             if valid_lens is not None:
                 padding_mask = lengths_to_mask(valid_lens, k.size(2))
-            mask = self._allowed(T, k.size(2), padding_mask, causal=context is None)
-        Tk = k.size(2)
-
+            mask = padding_mask[:, None, None, :]  # (B, Tk) -> (B, 1, 1, Tk), broadcast over heads
+            if context is None:
+                # A padding query sees no real key before it; letting it see itself (the diagonal)
+                # keeps its softmax finite. Its output is garbage that nothing downstream reads.
+                eye = torch.eye(T, dtype=torch.bool, device=mask.device)
+                mask = (mask & ~self.causal_mask[:T, :T]) | eye
+        causal = mask is None and context is None  # the flash kernel's is_causal: no mask to read
         # Compiled, the explicit form fuses into the step's own kernels; SDPA stays a library call.
-        if self.use_sdpa and not return_attention and not torch.compiler.is_compiling():
-            # Without an extra mask the plain causal case can use the flash kernel's is_causal.
-            plain_causal = mask is None and context is None
-            y = F.scaled_dot_product_attention(
-                q, k, v,
-                attn_mask=None if plain_causal else mask,
-                dropout_p=self.dropout if self.training else 0.0,
-                is_causal=plain_causal and T > 1,
-            )
-            att = None
-        else:
+        if self.use_sdpa and not torch.compiler.is_compiling():
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and T > 1,
+                                               dropout_p=self.dropout if self.training else 0.0)
+        else:  # softmax(q k^T / sqrt(hs)) v, spelled out
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_size))  # (B, nh, T, Tk)
-            if mask is None and context is None:
-                mask = ~self.causal_mask[:T, :Tk]
-            if mask is not None:
+            if causal:
+                att = att.masked_fill(self.causal_mask[:T, :T], float("-inf"))
+            elif mask is not None:
                 att = att.masked_fill(~mask, float("-inf"))
             att = F.softmax(att.float(), dim=-1).type_as(q)
-            att = self.attn_dropout(att)
+            att = self.attn_dropout(att)  # the weights pass here: model/trace.py reads them with a hook
             y = att @ v  # (B, nh, T, Tk) @ (B, nh, Tk, hs) -> (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
-        y = self.resid_dropout(self.c_proj(y))
-        return (y, att) if return_attention else y
-
-    def _allowed(self, T: int, Tk: int, padding_mask: torch.Tensor | None, causal: bool) -> torch.Tensor | None:
-        """Which keys each query may see without a cache: bool (B|1, 1, T, Tk), True = attend;
-        None = all allowed except the future (the causal fast path)."""
-        if padding_mask is None:
-            return None
-        mask = padding_mask[:, None, None, :Tk]  # (B, Tk) -> (B, 1, 1, Tk), broadcast over heads
-        if causal:
-            # A padding query sees no real key before it; letting it see itself (the diagonal)
-            # keeps its softmax finite. Its output is garbage that nothing downstream reads.
-            eye = torch.eye(T, Tk, dtype=torch.bool, device=mask.device)
-            mask = (mask & ~self.causal_mask[:T, :Tk]) | eye
-        return mask
+        return self.resid_dropout(self.c_proj(y))
 
 
 class Head(nn.Module):
-    """One head with its own query, key and value projections; causal when given max_seq_len,
-    then with its own triu mask buffer."""
+    """One head: its own query, key and value projections, and its own triu mask when causal."""
 
     def __init__(self, query_size: int, key_size: int, value_size: int, head_size: int,
                  max_seq_len: int | None, dropout: float, bias: bool):
@@ -150,8 +107,8 @@ class Head(nn.Module):
         self.key = nn.Linear(key_size, head_size, bias=bias)
         self.value = nn.Linear(value_size, head_size, bias=bias)
         self.dropout = nn.Dropout(dropout)
-        causal = causal_mask(max_seq_len) if max_seq_len is not None else None
-        self.register_buffer("causal_mask", causal, persistent=False)
+        future = torch.triu(torch.ones(max_seq_len, max_seq_len, dtype=torch.bool), 1) if max_seq_len is not None else None
+        self.register_buffer("causal_mask", future, persistent=False)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 keep: torch.Tensor | None) -> torch.Tensor:
@@ -167,12 +124,10 @@ class Head(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """The textbook form: num_heads independent heads, concatenated, projected to emb_size.
-
-    head_size is free of the width; query/key/value inputs may each have their own width
-    (default emb_size). causal=True gives each head a (max_seq_len, max_seq_len) triu buffer.
-    One dropout rate is used on the attention weights and on the output.
-    """
+    """num_heads independent heads, concatenated, projected to emb_size. head_size is free of the
+    width; query/key/value inputs may each have their own width (default emb_size). causal=True
+    gives each head a (max_seq_len, max_seq_len) triu buffer. One dropout rate for the attention
+    weights and the output."""
 
     def __init__(self, *, num_heads: int, emb_size: int, head_size: int, query_size: int | None = None,
                  key_size: int | None = None, value_size: int | None = None, causal: bool = False,
@@ -185,22 +140,13 @@ class MultiHeadAttention(nn.Module):
         self.proj = nn.Linear(num_heads * head_size, emb_size, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor | None = None,
-        value: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        *,
-        valid_lens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, *, valid_lens: torch.Tensor | None = None) -> torch.Tensor:
         """query (B, Tq, query_size), key (B, Tk, key_size), value (B, Tk, value_size) -> (B, Tq, emb_size).
-
-        key defaults to query and value to key (self-attention). mask: which keys each query
-        may see, bool (True = attend) or 0/1 float (0 = hide), shaped (Tq, Tk), (B, 1, 1, Tk) or
-        (B, 1, Tq, Tk). valid_lens: (B,) or (B, Tq) int, keys at or past it are hidden.
-        Every query must keep at least one key (an all-hidden row has no softmax: NaN).
-        """
+        key defaults to query and value to key (self-attention). mask: which keys each query may see,
+        bool (True = attend) or 0/1 float (0 = hide), shaped (Tq, Tk), (B, 1, 1, Tk) or (B, 1, Tq, Tk).
+        valid_lens: (B,) or (B, Tq) int, keys at or past it are hidden. Every query must keep at least
+        one key (an all-hidden row has no softmax: NaN)."""
         key = query if key is None else key
         value = key if value is None else value
         keep = None
@@ -220,17 +166,15 @@ class MultiHeadAttention(nn.Module):
     @torch.no_grad()
     def from_fused(cls, attn: CausalSelfAttention) -> "MultiHeadAttention":
         """The fused module's weights, head by head (no RoPE, no QK-norm): its test oracle."""
-        bias = attn.c_attn.bias is not None
-        hs, C = attn.head_size, attn.n_embd
-        ref = cls(num_heads=attn.n_head, emb_size=C, head_size=hs, causal=True,
+        bias, nh, hs = attn.c_attn.bias is not None, attn.n_head, attn.head_size
+        ref = cls(num_heads=nh, emb_size=nh * hs, head_size=hs, causal=True,
                   max_seq_len=attn.causal_mask.size(0), dropout=attn.dropout, bias=bias)
-        w_q, w_k, w_v = attn.c_attn.weight.split(C, dim=0)  # (3C, C) -> 3 x (C, C), heads stacked in rows
-        b_q, b_k, b_v = attn.c_attn.bias.split(C) if bias else (None, None, None)
+        w = attn.c_attn.weight.view(3, nh, hs, -1)  # (3C, C) -> (q|k|v, nh, hs, C)
+        b = attn.c_attn.bias.view(3, nh, hs) if bias else None  # (3C,) -> (q|k|v, nh, hs)
         for h, head in enumerate(ref.heads):
-            rows = slice(h * hs, (h + 1) * hs)
-            for lin, w, b in ((head.query, w_q, b_q), (head.key, w_k, b_k), (head.value, w_v, b_v)):
-                lin.weight.copy_(w[rows])
+            for i, lin in enumerate((head.query, head.key, head.value)):
+                lin.weight.copy_(w[i, h])
                 if bias:
-                    lin.bias.copy_(b[rows])
+                    lin.bias.copy_(b[i, h])
         ref.proj.load_state_dict(attn.c_proj.state_dict())
         return ref

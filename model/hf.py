@@ -1,10 +1,7 @@
-"""GPT-2 weights to and from Hugging Face: checkpoint directories, hub model ids, run export.
+"""Pretrained weights in and out: our runs, Hugging Face GPT-2 directories and hub ids; run export.
 
     python -m model.hf export out/tiny exported/tiny     # then AutoModelForCausalLM / AutoTokenizer
 
-`--init-from NAME` (train.py, sample.py) is resolved by `resolve_init_from`: a run directory of
-ours, a local HF GPT-2 directory (save_pretrained output), or a hub model id (gpt2, gpt2-medium,
-distilgpt2, user/repo) taken from the Hugging Face cache, and downloaded only when not there.
 Our parameter names are GPT-2's, so the mapping is one to one; the only difference is that
 HF stores its linear layers as Conv1D, (in, out), where nn.Linear keeps (out, in).
 """
@@ -14,17 +11,20 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from errors import UserError, entry_point
+from configs.errors import UserError, entry_point, first_line
+from configs.model import GPTConfig
+from data.files import write_json
+from data.manifest import check_manifest, differences, read_manifest
 
-from .config import GPTConfig
+from .checkpoint import find_checkpoint, is_checkpoint, load_checkpoint, load_model, model_from_checkpoint
 from .gpt import GPT
 
-# HF Conv1D weights are transposed relative to nn.Linear.
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-_GPT2_ARCH = dict(pos_emb="learned", norm="layernorm", activation="gelu", bias=True, qk_norm=False)
+GPT2_ARCH = dict(pos_emb="learned", norm="layernorm", activation="gelu", bias=True, qk_norm=False)
 _ARCH_FLAGS = {"pos_emb": "--pos-emb learned", "norm": "--norm layernorm", "activation": "--activation gelu",
                "bias": "--bias", "qk_norm": "--no-qk-norm"}
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -34,21 +34,18 @@ GPT2_MANIFEST = {"tokenizer": "gpt2", "vocab_size": 50257}  # the tokenizer of a
 
 
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    if (path / "model.safetensors").exists():
-        from safetensors.torch import load_file
-
-        return load_file(str(path / "model.safetensors"))
     index = path / "model.safetensors.index.json"
-    if index.exists():
-        from safetensors.torch import load_file
-
-        state: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            state.update(load_file(str(path / shard)))
-        return state
-    if (path / "pytorch_model.bin").exists():
+    if (path / "model.safetensors").exists():
+        shards = ["model.safetensors"]
+    elif index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "pytorch_model.bin").exists():
         return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise UserError(f"{path}: no model.safetensors or pytorch_model.bin; point --init-from at a directory written by save_pretrained")
+    else:
+        raise UserError(f"{path}: no model.safetensors or pytorch_model.bin; point --init-from at a directory written by save_pretrained")
+    from safetensors.torch import load_file
+
+    return {key: tensor for shard in shards for key, tensor in load_file(str(path / shard)).items()}
 
 
 def load_hf_gpt2(path: str | Path, **overrides) -> GPT:
@@ -60,15 +57,11 @@ def load_hf_gpt2(path: str | Path, **overrides) -> GPT:
     if hf.get("model_type", "gpt2") != "gpt2":
         raise UserError(f"{path}: model_type is {hf.get('model_type')!r}; only GPT-2 checkpoints can be loaded")
     config = GPTConfig(
-        vocab_size=hf["vocab_size"],
+        vocab_size=hf["vocab_size"], n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
         block_size=hf.get("n_positions", hf.get("n_ctx", 1024)),
-        n_layer=hf["n_layer"],
-        n_head=hf["n_head"],
-        n_embd=hf["n_embd"],
         mlp_ratio=(hf.get("n_inner") or 4 * hf["n_embd"]) // hf["n_embd"],
-        norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-        tie_weights=hf.get("tie_word_embeddings", True),
-        **{**_GPT2_ARCH, **overrides},
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5), tie_weights=hf.get("tie_word_embeddings", True),
+        **{**GPT2_ARCH, **overrides},
     )
     model = GPT(config)
     ours = model.state_dict()
@@ -95,11 +88,10 @@ def _complete(folder: str | Path) -> bool:
 
 
 def resolve_init_from(name: str) -> Path:
-    """--init-from NAME as a local path: a run directory (or ckpt file) of ours or a HF GPT-2
-    directory as given, else hub model NAME from the Hugging Face cache (no network), else
-    downloaded into that cache. Anything else is one UserError line saying what to do."""
-    from checkpoint import is_checkpoint
-
+    """--init-from NAME (train.py, sample.py) as a local path: a run directory (or ckpt file) of
+    ours or a HF GPT-2 directory (save_pretrained output) as given, else hub model NAME (gpt2,
+    distilgpt2, user/repo) from the Hugging Face cache (no network), else downloaded into that
+    cache. Anything else is one UserError line saying what to do."""
     path = Path(name)
     if path.exists():
         if is_checkpoint(path) or (path / "config.json").is_file():
@@ -127,14 +119,50 @@ def resolve_init_from(name: str) -> Path:
                         f"Face cache and the hub is unreachable; where there is internet run {get} and pass "
                         f"--init-from models/{name}") from None
     except HfHubHTTPError as e:  # not found, private, gated, bad revision
-        reason = str(e).strip().splitlines()[0][:200]
-        raise UserError(f"--init-from {name}: no such directory, and the hub answered: {reason}") from None
+        raise UserError(f"--init-from {name}: no such directory, and the hub answered: {first_line(e)}") from None
     return Path(folder)
+
+
+def load_pretrained(name: str | Path, **overrides) -> tuple[GPT, dict | None, Path]:
+    """(model, its checkpoint dict or None, where it came from) for --init-from NAME (resolve_init_from;
+    a run dir gives its best.pt). overrides (e.g. dropout) go into GPTConfig; the model is in training mode."""
+    path = resolve_init_from(str(name))
+    if not is_checkpoint(path):
+        return load_hf_gpt2(path, **overrides), None, path
+    path = find_checkpoint(path, best=True)
+    ckpt = load_checkpoint(path)
+    return model_from_checkpoint(ckpt, path, **overrides), ckpt, path
+
+
+def checkpoint_manifest(path: Path, ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The data manifest the checkpoint at path was trained with: the copy inside it, which the
+    manifest.json beside it must match; that file alone for a checkpoint without a copy."""
+    file, saved = path.parent / "manifest.json", ckpt.get("manifest")
+    if saved is None:
+        if not file.is_file():
+            raise UserError(f"{path.parent} has no manifest.json, so the tokenizer is unknown; copy "
+                            "data/prepared/<dataset>/manifest.json into the run dir")
+        return read_manifest(file, "copy data/prepared/<dataset>/manifest.json there again")
+    saved = check_manifest(saved, f"the manifest inside {path}", "the checkpoint is damaged")
+    if file.is_file():
+        on_disk = read_manifest(file, f"delete it: {path.name} carries its own copy")
+        if changes := differences(saved, on_disk):
+            raise UserError(f"{file} is not the data {path.name} was trained on ({', '.join(changes)}): the run "
+                            f"dir mixes two runs; delete that manifest.json to sample {path.name} with its own copy")
+    return saved
+
+
+def pretrained_manifest(path: Path, ckpt: dict | None) -> dict:
+    """The data manifest (the tokenizer) of what load_pretrained loaded: a checkpoint's own; an
+    exported directory's manifest.json; GPT-2 BPE for any other HF directory."""
+    if ckpt is not None:
+        return checkpoint_manifest(path, ckpt)
+    return read_manifest(path / "manifest.json") if (path / "manifest.json").is_file() else GPT2_MANIFEST
 
 
 def check_exportable(c: GPTConfig) -> None:
     """HF GPT-2 has learned positions, LayerNorm, GELU, biases and no QK-norm; refuse the rest."""
-    differ = [k for k, v in _GPT2_ARCH.items() if getattr(c, k) != v]
+    differ = [k for k, v in GPT2_ARCH.items() if getattr(c, k) != v]
     if differ:
         has = ", ".join(f"{k}={getattr(c, k)}" for k in differ)
         raise UserError(f"Hugging Face GPT-2 cannot express this model ({has}); train with "
@@ -161,36 +189,23 @@ def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_
         tensor = tensor[:vocab] if key in ("transformer.wte.weight", "lm_head.weight") else tensor
         state[key] = tensor.detach().to("cpu").contiguous()
     hf_config = {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": vocab,
-        "n_positions": c.block_size,
-        "n_ctx": c.block_size,
-        "n_embd": c.n_embd,
-        "n_layer": c.n_layer,
-        "n_head": c.n_head,
-        "n_inner": None if c.mlp_ratio == 4 else c.mlp_ratio * c.n_embd,
-        "activation_function": "gelu_new",
-        "layer_norm_epsilon": c.norm_eps,
-        "resid_pdrop": c.dropout,
-        "embd_pdrop": c.dropout,
-        "attn_pdrop": c.dropout,
-        "initializer_range": 0.02,
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,
+        "n_positions": c.block_size, "n_ctx": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer,
+        "n_head": c.n_head, "n_inner": None if c.mlp_ratio == 4 else c.mlp_ratio * c.n_embd,
+        "activation_function": "gelu_new", "layer_norm_epsilon": c.norm_eps, "resid_pdrop": c.dropout,
+        "embd_pdrop": c.dropout, "attn_pdrop": c.dropout, "initializer_range": 0.02,
         "tie_word_embeddings": c.tie_weights,
-        "bos_token_id": eot_id,  # explicit null: GPT2Config would otherwise assume 50256
-        "eos_token_id": eot_id,
+        "bos_token_id": eot_id, "eos_token_id": eot_id,  # explicit nulls: GPT2Config would assume 50256
     }
-    generation = {"bos_token_id": eot_id, "eos_token_id": eot_id}
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    (path / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    write_json(path / "config.json", hf_config)
+    write_json(path / "generation_config.json", {"bos_token_id": eot_id, "eos_token_id": eot_id})
     return path
 
 
 def export_run(run: str | Path, out: str | Path) -> Path:
-    """A run directory (its best.pt, else ckpt.pt) or a .pt file as a HF directory: weights, configs, the run's tokenizer in
-    transformers' format, and our manifest.json (so --init-from OUT gets the same tokenizer back)."""
-    from checkpoint import checkpoint_manifest, find_checkpoint, load_model, write_json
+    """A run directory (its best.pt, else ckpt.pt) or a .pt file as a HF directory: weights, configs,
+    the tokenizer in transformers' format, and our manifest.json (--init-from OUT gets it back)."""
     from data.tokenizer import save_hf_tokenizer, tokenizer_from_manifest
 
     ckpt_path = find_checkpoint(run, best=True)
@@ -208,7 +223,7 @@ def export_run(run: str | Path, out: str | Path) -> Path:
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    from cli import ArgumentParser
+    from configs.cli import ArgumentParser
 
     parser = ArgumentParser(prog="python -m model.hf", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import GPTConfig
+if TYPE_CHECKING:  # annotations only
+    from configs.model import GPTConfig
 
 
 class RMSNorm(nn.Module):
@@ -28,11 +31,8 @@ def make_norm(config: GPTConfig, dim: int) -> nn.Module:
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding tables for positions 0 .. block_size - 1.
-
-    The cos/sin tables are derived from the config, so they are non-persistent buffers:
-    checkpoints never carry them and a dtype/device move keeps them in step with the model.
-    """
+    """Rotary position embedding tables for positions 0 .. block_size - 1: non-persistent buffers,
+    derived from the config, so checkpoints never carry them and .to() moves them with the model."""
 
     def __init__(self, head_size: int, max_positions: int, base: float):
         super().__init__()

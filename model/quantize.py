@@ -2,8 +2,8 @@
 
 Decoding one row at a time reads every weight once per token, so it runs at memory bandwidth:
 int8 reads a quarter of float32's bytes. The activations stay float32 between layers (norms,
-attention and the KV cache are untouched); only the matmul input is rounded to bfloat16, which
-is what torch._weight_int8pack_mm computes fast on CPU (with float32 input it is ~10x slower).
+attention and the KV cache are untouched); only the matmul input is rounded to bfloat16, the
+input torch._weight_int8pack_mm has a fast CPU kernel for (float32 input is much slower).
 The tied lm_head gets its own int8 copy (the embedding still looks rows up in float32).
 """
 
@@ -25,8 +25,8 @@ class Int8Linear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(x.reshape(-1, x.size(-1)).bfloat16(), self.q, self.scale)
-        y = y.to(x.dtype).view(*x.shape[:-1], -1)
+        y = torch._weight_int8pack_mm(x.reshape(-1, x.size(-1)).bfloat16(), self.q, self.scale)  # (..., in) as (N, in) -> (N, out)
+        y = y.to(x.dtype).view(*x.shape[:-1], -1)  # (N, out) -> (..., out)
         return y if self.bias is None else y + self.bias
 
 

@@ -1,17 +1,59 @@
-"""Views inside a model: a printable walk of one forward pass (each module, the shape it returns,
-its parameters; `python -m model`), and the prompt's attention maps (`sample.py --show-attention`)."""
+"""Views inside a model, by forward hooks: the shape walk, hidden states, attention maps.
+
+`python -m model` prints the walk; `sample.py --show-attention` draws the maps."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
 
-from errors import UserError
+from configs.errors import UserError
 
+from .attention import CausalSelfAttention
 from .gpt import GPT
+
+
+@contextmanager
+def hooked(modules: Iterable[nn.Module], hook: Callable[..., Any]) -> Iterator[None]:
+    """hook(module, inputs, output) runs after each module's forward inside the with-block."""
+    handles = [m.register_forward_hook(hook) for m in modules]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.no_grad()
+def hidden_states(model: GPT, idx: torch.Tensor, **kwargs) -> torch.Tensor:
+    """(n_layer + 1, B, T, C) for idx (B, T): the embeddings (after dropout), then each block's output."""
+    states = []
+    with hooked([model.transformer.drop, *model.transformer.h], lambda mod, inp, out: states.append(out)):
+        model(idx, **kwargs)
+    return torch.stack(states)
+
+
+@torch.no_grad()
+def attention_weights(module: nn.Module, *args, **kwargs) -> tuple[Any, list[torch.Tensor]]:
+    """module(*args, **kwargs)'s output, and each CausalSelfAttention's weights (B, nh, T, Tk) in it,
+    in call order: the explicit path's softmax, caught on its way into attn_dropout (SDPA never
+    forms them, so every attention takes the explicit path for this call)."""
+    attns = [m for m in module.modules() if isinstance(m, CausalSelfAttention)]
+    weights, sdpa = [], [a.use_sdpa for a in attns]
+    try:
+        for a in attns:
+            a.use_sdpa = False
+        with hooked([a.attn_dropout for a in attns], lambda mod, inp, out: weights.append(inp[0])):
+            return module(*args, **kwargs), weights
+    finally:
+        for a, flag in zip(attns, sdpa):
+            a.use_sdpa = flag
 
 
 def shape_trace(model: GPT, batch_size: int = 1, seq_len: int | None = None, blocks_in_detail: int = 1) -> str:
@@ -19,42 +61,31 @@ def shape_trace(model: GPT, batch_size: int = 1, seq_len: int | None = None, blo
     `blocks_in_detail` blocks are shown module by module; later ones as one row each."""
     c = model.config
     T = seq_len or c.block_size
-    rows: list[tuple[str, str, str, int]] = []
-    hooks = []
-    for name, module in model.named_modules():
-        parts = name.split(".")
-        inside_block = len(parts) > 3 and parts[1] == "h"
-        if not name or isinstance(module, nn.Dropout):  # (containers have no forward: no rows)
-            continue
-        if inside_block and int(parts[2]) >= blocks_in_detail:
-            continue
-        own = sum(p.numel() for p in module.parameters(recurse=True))
-
-        def hook(mod, inp, out, name=name, own=own):
-            out = out[0] if isinstance(out, tuple) else out  # Rotary returns (cos, sin)
-            rows.append((name, type(mod).__name__, str(tuple(out.shape)), own))
-
-        hooks.append(module.register_forward_hook(hook))
-    idx = torch.zeros(batch_size, T, dtype=torch.long, device=next(model.parameters()).device)
-    try:
-        with torch.no_grad():
-            logits, _ = model(idx)
-    finally:
-        for h in hooks:
-            h.remove()
-    hs = c.head_size
     lines = [
-        f"GPT: {model.num_params():,} parameters, {c.n_layer} layers, {c.n_head} heads of size {hs}, "
+        f"GPT: {model.num_params():,} parameters, {c.n_layer} layers, {c.n_head} heads of size {c.head_size}, "
         f"n_embd {c.n_embd}, vocab {c.vocab_size}, block {c.block_size}",
         f"input idx {(batch_size, T)} token ids",
         f"{'module':<34} {'type':<22} {'output shape':<22} {'params':>12}",
     ]
-    for name, kind, shape, n in rows:
-        depth = name.count(".") - 1
-        lines.append(f"{'  ' * max(depth, 0) + name.removeprefix('transformer.'):<34} {kind:<22} {shape:<22} {n:>12,}")
+    names = {}
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        later = len(parts) > 3 and parts[1] == "h" and int(parts[2]) >= blocks_in_detail  # inside a later block
+        if name and not isinstance(module, nn.Dropout) and not later:  # (containers have no forward: no rows)
+            names[module] = name
+
+    def row(mod, inp, out):  # one line per module, in the order they run
+        out = out[0] if isinstance(out, tuple) else out  # Rotary returns (cos, sin)
+        name, shape, n = names[mod], str(tuple(out.shape)), sum(p.numel() for p in mod.parameters())
+        indent = "  " * max(name.count(".") - 1, 0)
+        lines.append(f"{indent + name.removeprefix('transformer.'):<34} {type(mod).__name__:<22} {shape:<22} {n:>12,}")
         if name.endswith("attn.c_attn"):
-            note = f"split q, k, v; heads (B, T, C) -> (B, nh, T, hs) = {(batch_size, c.n_head, T, hs)}"
-            lines.append(f"{'  ' * (depth + 1)}{note}")
+            heads = (batch_size, c.n_head, T, c.head_size)
+            lines.append(f"{indent}  split q, k, v; heads (B, T, C) -> (B, nh, T, hs) = {heads}")
+
+    idx = torch.zeros(batch_size, T, dtype=torch.long, device=next(model.parameters()).device)
+    with hooked(names, row), torch.no_grad():
+        logits, _ = model(idx)
     lines.append(f"logits {tuple(logits.shape)}: one score per vocabulary entry at every position")
     return "\n".join(lines)
 
@@ -81,8 +112,7 @@ def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
     layer %= n_layer
     ids = ids[-model.config.block_size :]
     x = torch.tensor([ids], device=next(model.parameters()).device)
-    _, _, att = model(x, return_attention=True)
-    att = att[layer][0].float().cpu()  # (nh, T, T)
+    att = attention_weights(model, x)[1][layer][0].float().cpu()  # (nh, T, T)
     nh, T = att.shape[0], att.shape[-1]
     ncols = math.ceil(math.sqrt(nh))  # a near-square grid of heads
     nrows = math.ceil(nh / ncols)
@@ -90,11 +120,9 @@ def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
     size = 3.5 if labels is None else min(9.0, max(3.5, 0.15 * T + 1.0))  # inches per head
     fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * size + 1.0, nrows * size + 0.6),
                              squeeze=False, layout="constrained")
-    image = None
-    for h, ax in enumerate(axes.flat):
-        if h >= nh:
-            ax.axis("off")
-            continue
+    for ax in axes.flat[nh:]:
+        ax.axis("off")
+    for h, ax in enumerate(axes.flat[:nh]):
         # sqrt colour scale: weights spread over many keys stay visible next to sharp peaks
         image = ax.imshow(att[h].numpy(), cmap="viridis", norm=PowerNorm(0.5, vmin=0.0, vmax=1.0),
                           interpolation="nearest")

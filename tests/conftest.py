@@ -1,5 +1,7 @@
 """Shared test set-up."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -43,3 +45,42 @@ def data_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("prepared")
     prepare("shakespeare_char", out_root=root, verbose=False)
     return root
+
+
+def hf_tiny(tie: bool = True, vocab: int = 37, **kw):
+    """A transformers GPT-2 small enough for a test, every weight random."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=vocab, n_positions=24, n_embd=16, n_layer=2, n_head=2,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tie,
+        bos_token_id=None, eos_token_id=None,  # not GPT-2's 50256: these vocabularies are smaller
+        **kw,
+    )
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # HF zero-inits biases and ones norms; randomise all so every weight is tested
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.1)
+    return model
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """A temporary HF_HOME whose hub cache gets models laid out as huggingface_hub downloads them:
+    models--ORG--NAME/refs/main holds the commit, snapshots/COMMIT/ the files."""
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    cache = tmp_path / "hf_home" / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))  # read at import
+
+    def add(repo_id: str, model) -> Path:
+        commit = "0123456789abcdef0123456789abcdef01234567"
+        repo = cache / f"models--{repo_id.replace('/', '--')}"
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text(commit)
+        model.save_pretrained(repo / "snapshots" / commit)
+        return repo / "snapshots" / commit
+
+    return add

@@ -27,22 +27,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # The core that issue 25 named: the model package, optimizer and schedule, time budget,
-# sampling (sample.py; generate and sample_next live in model/gpt.py), batch loader, tokenizers.
-CORE = ["model/", "optim.py", "budget.py", "sample.py", "data/loader.py", "data/tokenizer.py"]
+# sampling (sample.py; the decoding loop and sample_next are in model/kv_cache.py), batch loader, tokenizers.
+CORE = ["model/", "training/optim.py", "training/budget.py", "sample.py", "data/loader.py", "data/tokenizer.py"]
 # Mutating the words of a message (a help text, an error's wording) is not a bug a test should
 # catch: lines that only raise, print or hold such text are left alone. Everything else is mutated.
 MESSAGE_LINES = [r"help=", r"^\s*raise \w+\(", r"^\s*f?\"[^\"]*\"\s*\)*,?$", r"\b(note|print|tqdm\.write)\("]
 # Tests left out of the run, so the score is a lower bound: the two that compile a decode step
-# (mutmut wraps every function in a dispatcher torch.compile(fullgraph=True) cannot trace), and
-# those that start processes (torchrun, the CLI): about 40 s each mutant of the model would pay,
-# for code the in-process tests run too.
+# (mutmut wraps every function in a dispatcher torch.compile(fullgraph=True) cannot trace), those
+# that start processes (torchrun, the CLI), and the documented commands: minutes each mutant of
+# the model would pay, for code the in-process tests run too.
 LEFT_OUT = ["test_sample.py::test_compiled_decode_step_equals_eager_past_block_size",
             "test_sample.py::test_int8_weights_stay_within_tolerance_of_float32_and_compile_alike",
             "test_train.py::test_same_result_whatever_the_split_between_processes_and_accumulation",
             "test_failures.py::test_ddp_a_stopped_process_ends_the_job_with_one_line",
             "test_failures.py::test_ddp_a_killed_process_ends_the_job_at_once_with_one_line",
             "test_failures.py::test_ddp_a_stop_signal_to_one_process_stops_both_at_the_same_step",
-            "test_sample.py::test_cli_end_to_end_subprocess"]
+            "test_sample.py::test_cli_end_to_end_subprocess",
+            # every documented command and benchmark, shrunk: whole runs of code the tests above cover
+            "test_commands.py", "test_benchmarks.py"]
 CONFIG = """[mutmut]
 source_paths=
 {sources}

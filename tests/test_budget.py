@@ -2,7 +2,7 @@
 
 import pytest
 
-from budget import TimeBudget
+from training.budget import TimeBudget
 
 
 class FakeClock:

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
-from checkpoint import (capture_rng_state, find_checkpoint, load_checkpoint, load_model, lock_run_dir,
-                        restore_rng_state, save_checkpoint)
-from errors import UserError
-from model import GPT, GPTConfig
+from configs.errors import UserError
+from model import GPT, GPTConfig, checkpoint
+from model.checkpoint import find_checkpoint, load_checkpoint, load_model, save_checkpoint
+from training.run import lock_run_dir
+from training.runtime import capture_rng_state, restore_rng_state
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,7 +78,7 @@ def test_missing_and_corrupt_checkpoints_are_user_errors(tmp_path):
 
 
 def test_run_dir_lock_dies_with_its_process_and_its_temp_files_are_removed(tmp_path):
-    code = "import sys, time, checkpoint; lock = checkpoint.lock_run_dir(sys.argv[1]); print('locked'); time.sleep(60)"
+    code = "import sys, time; from training.run import lock_run_dir; lock = lock_run_dir(sys.argv[1]); print('locked'); time.sleep(60)"
     holder = subprocess.Popen([sys.executable, "-u", "-c", code, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
                               text=True)
     try:

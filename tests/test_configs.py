@@ -5,10 +5,10 @@ from dataclasses import fields
 import pytest
 
 import train
-from checkpoint import write_json
-from cli import ArgumentParser, Flag
 from configs import TrainConfig, available_configs, load_config, parse_config
-from errors import UserError
+from configs.cli import ArgumentParser, Flag
+from configs.errors import UserError
+from data.files import write_json
 
 
 def test_named_configs_load_and_name_their_run_dir():

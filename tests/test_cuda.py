@@ -37,7 +37,7 @@ def test_kv_cache_decoding_on_cuda_matches_recompute():
 
 def test_compiled_training_step_matches_eager_with_fused_adamw():
     from configs import load_config
-    from optim import configure_optimizer
+    from training.optim import configure_optimizer
 
     losses = {}
     for compiled in (False, True):

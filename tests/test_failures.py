@@ -16,9 +16,10 @@ import torch
 
 import sample
 import train
-from checkpoint import load_checkpoint, lock_run_dir
 from configs import load_config
 from data.prepare import prepare
+from model.checkpoint import load_checkpoint
+from training.run import lock_run_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAKESPEARE = (ROOT / "data/corpora/tinyshakespeare/input.txt").read_text()

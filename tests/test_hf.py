@@ -11,32 +11,19 @@ import torch
 
 import sample
 import train
-from checkpoint import save_checkpoint, write_json
 from configs import load_config
+from configs.errors import UserError
+from conftest import hf_tiny
 from data import read_tokens
+from data.files import write_json
 from data.prepare import prepare
-from errors import UserError
 from model import GPT, GPTConfig
+from model.checkpoint import save_checkpoint
 from model.hf import export_run, load_hf_gpt2, resolve_init_from, save_hf_gpt2
 
 transformers = pytest.importorskip("transformers")
 REPO = Path(__file__).resolve().parent.parent
 CHARS = "".join(sorted(set((REPO / "data/corpora/tinyshakespeare/input.txt").read_text())))
-
-
-def hf_tiny(tie: bool = True, vocab: int = 37, **kw):
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        vocab_size=vocab, n_positions=24, n_embd=16, n_layer=2, n_head=2,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tie,
-        bos_token_id=None, eos_token_id=None,  # not GPT-2's 50256: these vocabularies are smaller
-        **kw,
-    )
-    model = transformers.GPT2LMHeadModel(config).eval()
-    with torch.no_grad():  # HF zero-inits biases and ones norms; randomise all so every weight is tested
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * 0.1)
-    return model
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -167,27 +154,6 @@ def test_modern_variant_refuses_to_export_naming_the_flags(tmp_path, capsys):
     assert err.count("\n") == 1 and "with --norm layernorm --activation gelu --bias --no-qk-norm for" in err
     assert "(norm=rmsnorm, activation=relu2, bias=False, qk_norm=True)" in err
     assert not (tmp_path / "hf").exists()  # refused before anything was written
-
-
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch):
-    """A temporary HF_HOME whose hub cache gets models laid out as huggingface_hub downloads them:
-    models--ORG--NAME/refs/main holds the commit, snapshots/COMMIT/ the files."""
-    import huggingface_hub
-
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    cache = tmp_path / "hf_home" / "hub"
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))  # read at import
-
-    def add(repo_id: str, model) -> Path:
-        commit = "0123456789abcdef0123456789abcdef01234567"
-        repo = cache / f"models--{repo_id.replace('/', '--')}"
-        (repo / "refs").mkdir(parents=True)
-        (repo / "refs" / "main").write_text(commit)
-        model.save_pretrained(repo / "snapshots" / commit)
-        return repo / "snapshots" / commit
-
-    return add
 
 
 def test_init_from_a_cached_hub_id_needs_no_network(hub_cache, network_calls, capsys):

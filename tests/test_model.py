@@ -6,9 +6,10 @@ import math
 import pytest
 import torch
 
-from errors import UserError
+from configs.errors import UserError
 from model import GPT, GPTConfig, MultiHeadAttention
 from model.attention import CausalSelfAttention
+from model.trace import attention_weights, hidden_states
 
 V = 37
 GPT2_ARCH: dict = {}
@@ -153,7 +154,7 @@ def test_padding_mask_hides_keys_in_attention_module():
     x = torch.randn(2, 8, 16)
     mask = torch.ones(2, 8, dtype=torch.bool)
     mask[1, :3] = False
-    _, w = attn(x, padding_mask=mask, return_attention=True)
+    w = attention_weights(attn, x, padding_mask=mask)[1][0]
     assert w.shape == (2, 2, 8, 8)
     assert torch.all(w[1, :, 3:, :3] == 0)  # real queries never look at padding
     assert torch.all(w.triu(1) == 0)  # nor at the future
@@ -177,7 +178,7 @@ def test_cross_attention_shapes_and_context_masking(impl):
     ctx3[1, 6:] = torch.randn(3, 16)
     torch.testing.assert_close(attn(x, context=ctx, valid_lens=lens), attn(x, context=ctx3, valid_lens=lens))
     if impl == "explicit":
-        _, w = attn(x, context=ctx, valid_lens=lens, return_attention=True)
+        w = attention_weights(attn, x, context=ctx, valid_lens=lens)[1][0]
         assert w.shape == (2, 2, 5, 9) and torch.all(w[1, :, :, 6:] == 0)
 
 
@@ -189,9 +190,9 @@ def test_kv_cache_prefill_then_one_token_at_a_time_equals_full_forward(arch):
     x = ids(B=2, T=20)
     full = m(x)[0]
     cache = KVCache(m.config, 2, m.config.block_size, "cpu", torch.float32)
-    steps = [m.lm_head(m.transformer.ln_f(m.trunk(x[:, :8], kv_cache=cache)[0]))]
+    steps = [m(x[:, :8], kv_cache=cache)[0]]
     for t in range(8, 20):
-        steps.append(m.lm_head(m.transformer.ln_f(m.trunk(x[:, t : t + 1], kv_cache=cache)[0])))
+        steps.append(m(x[:, t : t + 1], kv_cache=cache)[0])
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
 
 
@@ -200,16 +201,18 @@ def test_hidden_states_shape_and_last_is_the_input_of_ln_f():
     x = ids()
     seen = {}
     m.transformer.ln_f.register_forward_hook(lambda mod, inp, out: seen.setdefault("x", inp[0]))
-    logits, _, hidden = m(x, output_hidden_states=True)
+    hidden = hidden_states(m, x)
     assert hidden.shape == (m.config.n_layer + 1, 3, 16, 16)
     assert torch.equal(hidden[-1], seen["x"])
     torch.testing.assert_close(hidden[0], m.transformer.wte(x) + m.transformer.wpe(torch.arange(16)))
 
 
 def test_attention_weights_returned_per_layer():
-    m = make()
-    _, _, att = m(ids(), return_attention=True)
+    m = make()  # SDPA, which forms no weights: the explicit path runs for this call only
+    logits, att = attention_weights(m, ids())
     assert len(att) == 2 and att[0].shape == (3, 2, 16, 16)
+    torch.testing.assert_close(logits[0], m(ids())[0], atol=1e-5, rtol=0)
+    assert all(block.attn.use_sdpa for block in m.transformer.h)
 
 
 def test_mask_buffers_stay_out_of_the_state_dict():

@@ -1,4 +1,4 @@
-"""optim.py: the learning-rate schedule's values, which parameters decay, Muon against torch's."""
+"""training/optim.py: the learning-rate schedule's values, which parameters decay, Muon against torch's."""
 
 import math
 from dataclasses import replace
@@ -8,7 +8,7 @@ import torch
 
 from configs import load_config
 from model import GPT, GPTConfig
-from optim import Muon, configure_optimizer, lr_multiplier, orthogonalize, set_lr
+from training.optim import Muon, configure_optimizer, lr_multiplier, orthogonalize, set_lr
 
 
 def test_lr_schedules():

@@ -1,4 +1,4 @@
-"""plan.py: memory estimates against the CPU's measured peak, the --plan report, --batch-size auto."""
+"""training/plan.py: memory estimates against the CPU's measured peak, the --plan report, --batch-size auto."""
 
 import json
 from dataclasses import replace
@@ -6,13 +6,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-import plan
 import train
+from benchmarks.memory import check, measured_peak_bytes
 from configs import load_config, micro_batch
-from errors import UserError
-from memory_check import check, measured_peak_bytes
+from configs.errors import UserError
 from model import GPT
-from runtime import setup
+from training import plan
+from training.runtime import setup
 
 SIZES = {"2x16": dict(n_layer=2, n_embd=16, n_head=2), "2x32": dict(n_layer=2, n_embd=32, n_head=4),
          "3x48": dict(n_layer=3, n_embd=48, n_head=4)}
@@ -90,7 +90,7 @@ def test_plan_time_follows_flops_and_mfu():
 
 
 def test_gpu_names_and_errors():
-    from runtime import GPU_MEMORY_GB, PEAK_FLOPS
+    from training.runtime import GPU_MEMORY_GB, PEAK_FLOPS
 
     assert GPU_MEMORY_GB.keys() == PEAK_FLOPS.keys()
     assert plan.gpu_spec("A100-40GB")[1:] == (40 * plan.GiB, 312e12)

@@ -5,10 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-import reference
 import train
+from benchmarks.runs import build_reference as build
+from benchmarks.runs import write_reference as write
 from configs import load_config
-from reference import MIN_MARGIN, Reference, build, write
+from training import reference
+from training.reference import MIN_MARGIN, Reference
 
 STEPS = (0, 10, 20)
 
@@ -25,7 +27,7 @@ def three_seeds(val):
 
 
 def make(tmp_path, val, cfg=None):
-    data = build("tiny", cfg or resolved("tiny"), three_seeds(val), [1, 2, 3], "python bench.py ...", "cpu", "float32")
+    data = build("tiny", cfg or resolved("tiny"), three_seeds(val), [1, 2, 3], "python -m benchmarks ...", "cpu", "float32")
     return Reference.load(write(data, tmp_path / "tiny.json"))
 
 
@@ -75,7 +77,7 @@ def test_match_rule_changed_lr_or_layers_means_no_band(tmp_path, monkeypatch):
 def test_shipped_references_match_their_configs(path):
     ref, name = Reference.load(path), path.stem
     assert ref.mismatches(resolved(name)) == [], f"configs/{name}.py changed: rerun `{ref.data['command']}`"
-    assert len(ref.data["seeds"]) >= 3 and ref.data["command"].startswith(f"python bench.py reference --config {name}")
+    assert len(ref.data["seeds"]) >= 3 and ref.data["command"].startswith(f"python -m benchmarks reference --config {name}")
     assert all(ref.data[k] for k in ("machine", "device", "dtype", "date", "torch"))
     val = ref.series("val_loss")
     assert val["step"][0] == 0 and val["step"][-1] == ref.data["config"]["max_iters"]

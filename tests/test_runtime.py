@@ -1,11 +1,11 @@
-"""runtime.plan's decision table on faked machines, and the first line that states it."""
+"""runtime.choose's decision table on faked machines, and the first line that states it."""
 
 import pytest
 import torch
 
 from configs import load_config
-from errors import UserError
-from runtime import Machine, Runtime, attention_kernel, plan
+from configs.errors import UserError
+from training.runtime import Machine, Runtime, attention_kernel, choose
 
 A100 = Machine(gpu="NVIDIA A100-SXM4-80GB", capability=(8, 0), gpu_bf16=True, triton=True)
 T4 = Machine(gpu="Tesla T4", capability=(7, 5), triton=True)  # bf16 only emulated
@@ -16,7 +16,7 @@ OLD_CPU = Machine()
 
 
 def line(machine: Machine, **options) -> str:
-    p = plan(machine, compile=True, **options)
+    p = choose(machine, compile=True, **options)
     return Runtime(p, torch.amp.GradScaler("cpu", enabled=False)).describe()
 
 
@@ -29,9 +29,9 @@ def line(machine: Machine, **options) -> str:
     (OLD_CPU, "cpu", torch.float32, False, True, True),
 ])
 def test_each_kind_of_machine_gets_its_row(machine, device, dtype, scaling, fused, compiled):
-    p = plan(machine, compile=True)
+    p = choose(machine, compile=True)
     assert (p.device, p.dtype, p.loss_scaling, p.fused_adamw, p.compile) == (device, dtype, scaling, fused, compiled)
-    assert plan(machine).compile is False and plan(machine).compile_off == ""  # not asked: nothing to explain
+    assert choose(machine).compile is False and choose(machine).compile_off == ""  # not asked: nothing to explain
 
 
 def test_the_first_line_states_the_decisions_and_why_compile_is_off():
@@ -46,20 +46,20 @@ def test_the_first_line_states_the_decisions_and_why_compile_is_off():
 
 
 def test_options_override_the_table_within_what_the_machine_can_do():
-    assert plan(A100, device="cpu").device == "cpu" and plan(A100, device="cpu").dtype == torch.float32
-    assert plan(A100, dtype="float16").loss_scaling and plan(T4, dtype="float32").dtype == torch.float32
-    assert plan(ZEN4, training=False).dtype == torch.float32  # one-token decode steps are faster in fp32
-    assert plan(T4, local_rank=3).device == "cuda:3"
+    assert choose(A100, device="cpu").device == "cpu" and choose(A100, device="cpu").dtype == torch.float32
+    assert choose(A100, dtype="float16").loss_scaling and choose(T4, dtype="float32").dtype == torch.float32
+    assert choose(ZEN4, training=False).dtype == torch.float32  # one-token decode steps are faster in fp32
+    assert choose(T4, local_rank=3).device == "cuda:3"
     for machine, options, needle in [(T4, {"dtype": "bfloat16"}, "no native bfloat16"),
                                      (OLD_CPU, {"device": "cuda"}, "no CUDA GPU"),
                                      (OLD_CPU, {"device": "mps"}, "MPS is not available"),
                                      (OLD_CPU, {"dtype": "half"}, "unknown dtype")]:
         with pytest.raises(UserError, match=needle):
-            plan(machine, **options)
+            choose(machine, **options)
 
 
 def test_attention_kernel_is_the_one_torch_picks():
-    rt = Runtime(plan(OLD_CPU), torch.amp.GradScaler("cpu", enabled=False))
+    rt = Runtime(choose(OLD_CPU), torch.amp.GradScaler("cpu", enabled=False))
     cfg = load_config("tiny")
     # torch's CPU flash kernel has no dropout; with dropout it runs the math kernel
     assert attention_kernel(cfg, rt) == "SDPA flash"

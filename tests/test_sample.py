@@ -2,23 +2,24 @@
 temperature, stop strings, batching, seeds, int8 (sample.py's command line: test_sample_cli.py)."""
 
 import copy
+import os
 import subprocess
 import sys
-import os
 
 import pytest
 import torch
 
 import sample
-from checkpoint import save_checkpoint, write_json
+from data.files import write_json
 from data.tokenizer import CharTokenizer, get_tokenizer
 from model import GPT, GPTConfig, sample_next
+from model.checkpoint import save_checkpoint
 
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 TOK = CharTokenizer(list(CHARS))
 BLOCK = 16
 # One thread: these models are tiny, and on a busy machine intra-op threads spin-wait for each
-# other on every small op (a 50x slowdown measured with 2 threads and a loaded CPU).
+# other on every small op.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -290,7 +291,7 @@ def test_text_stream_edges():
 
 
 def test_cache_slots_round_up_to_eighths_of_block_size_when_compiled():
-    from model.gpt import cache_slots
+    from model.kv_cache import cache_slots
 
     assert [cache_slots(64, n, False) for n in (1, 10, 64, 100)] == [1, 10, 64, 64]
     assert [cache_slots(64, n, True) for n in (1, 8, 9, 10, 100)] == [8, 8, 16, 16, 64]
@@ -300,15 +301,15 @@ def test_cache_slots_round_up_to_eighths_of_block_size_when_compiled():
 def test_chunked_decoding_equals_one_step_at_a_time(monkeypatch):
     """compile=True decodes DECODE_CHUNK tokens per call; run that path eagerly (as the compiled
     function would, minus the compiler) and it must give the one-step tokens, past block_size too."""
-    import model.gpt
+    import model.kv_cache
 
     chunks = []
 
-    def eager_steps(self, idx, slots, *args):
+    def eager_steps(gpt, idx, slots, *args):
         chunks.append(slots.size(0))
-        return GPT._decode_steps(self, idx, slots, *args)
+        return model.kv_cache.decode_steps(gpt, idx, slots, *args)
 
-    monkeypatch.setattr(model.gpt, "compiled_decode_steps", lambda: eager_steps)
+    monkeypatch.setattr(model.kv_cache, "compiled_decode_steps", lambda: eager_steps)
     tiny = tiny_model()
     rows = [TOK.encode("ROMEO:"), TOK.encode("A")]
     idx, pad = sample.left_pad(rows, "cpu")
@@ -317,7 +318,7 @@ def test_chunked_decoding_equals_one_step_at_a_time(monkeypatch):
                                                generator=torch.Generator().manual_seed(0), compile=c)), 1).tolist()
                 for c in (False, True)]
         assert runs[0] == runs[1]
-    assert set(chunks) == {model.gpt.DECODE_CHUNK}  # only whole chunks go through it; slides go one step at a time
+    assert set(chunks) == {model.kv_cache.DECODE_CHUNK}  # only whole chunks go through it; slides go one step at a time
 
 
 def test_cli_end_to_end_subprocess(tmp_path):

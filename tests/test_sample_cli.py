@@ -4,12 +4,12 @@ import sys
 
 import pytest
 import torch
+from test_sample import BLOCK, CHARS, TOK, make_run, tiny_model
 
 import sample
-from checkpoint import write_json
+from data.files import write_json
 from data.tokenizer import CharTokenizer, get_tokenizer
 from model import GPT, GPTConfig
-from test_sample import BLOCK, CHARS, TOK, make_run, tiny_model
 
 
 def test_cli_streams_text_token_by_token(tmp_path, monkeypatch, capsys):

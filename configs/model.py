@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from errors import UserError
+from .errors import UserError
 
 CHOICES = {
     "pos_emb": ("learned", "rope"),
@@ -35,9 +35,8 @@ class GPTConfig:
     mlp_ratio: int = 4
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
-    # How attention is computed; both give the same numbers. "sdpa" is
-    # F.scaled_dot_product_attention (flash kernels on GPU), "explicit" spells out
-    # softmax(QK^T / sqrt(hs) + mask) V and is what return_attention uses.
+    # Both give the same numbers: F.scaled_dot_product_attention (flash kernels on a GPU), or
+    # softmax(QK^T / sqrt(hs) + mask) V spelled out (what model.trace reads attention maps from).
     attention: str = "sdpa"
 
     def __post_init__(self) -> None:
@@ -66,7 +65,11 @@ class GPTConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GPTConfig":
-        """Build from a saved dict, ignoring keys this version does not know."""
+    def from_dict(cls, d: dict[str, Any], **overrides: Any) -> GPTConfig:
+        """From a saved dict (and overrides, e.g. dropout), ignoring keys this version does not know."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        return cls(**{k: v for k, v in {**d, **overrides}.items() if k in known})
+
+
+# GPT-2 small's shape is GPTConfig's defaults: the presets that train or fine-tune it take it from here.
+GPT2_SHAPE = {k: getattr(GPTConfig, k) for k in ("n_layer", "n_head", "n_embd", "block_size")}

@@ -10,33 +10,26 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from checkpoint import atomic_write, write_errors
-from errors import UserError
+import numpy as np
+
+from configs.errors import UserError
+from data.files import atomic_write, write_errors
 
 if TYPE_CHECKING:
-    from reference import Reference
+    from training.reference import Reference
 
 
 def _wandb_has_key(wandb: Any) -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
     try:
-        return bool(wandb.login(prompt=False, verify=False))
+        return bool(os.environ.get("WANDB_API_KEY") or wandb.login(prompt=False, verify=False))
     except Exception:  # older wandb without prompt=, or a broken settings file: treat as no key
         return False
 
 
 class RunLog:
-    """The run's record: metrics.jsonl and loss.png always, wandb when asked.
-
-    On resume, metric lines past the checkpoint's step are dropped (they describe steps the
-    resumed run will redo), so the file and the plot stay one consistent history. wandb keeps
-    what it was sent, so steps it already has are not sent again.
-
-    With a reference (reference.py: the band over seeds of a config this run matches), each
-    record also carries the reference's mean at its step (ref_loss, ref_val_loss, ...), and
-    loss.png draws the run over the band.
-    """
+    """One run's metrics.jsonl, loss.png and wandb run. On resume, lines past the checkpoint's step
+    are dropped (the run redoes those steps) and wandb is not sent again what it already has; with a
+    matching reference, records carry its mean (ref_val_loss, ...) and loss.png draws its band."""
 
     def __init__(self, out_dir: Path, started: float, resume_step: int | None = None,
                  reference: Reference | None = None) -> None:
@@ -98,8 +91,7 @@ class RunLog:
 
     def plot(self, force: bool = True) -> Path | None:
         """Train and val loss against step in loss.png; None (and a note) without matplotlib.
-
-        force=False redraws at most every 30 s (a redraw costs ~0.3 s on a small CPU)."""
+        force=False redraws at most every 30 s: a redraw is not free on a small CPU."""
         if not force and time.time() - self.plotted_at < 30:
             return None
         self.plotted_at = time.time()
@@ -155,15 +147,13 @@ class RunLog:
             s = ref.series(key)
             ax.fill_between(s["step"], s["min"], s["max"], color=color, alpha=0.18, lw=0,
                             label=f"reference {what}: min-max of {seeds} seeds")
-        val = ref.series("val_loss")
-        ax.plot(val["step"], val["mean"], "--", color="tab:orange", lw=0.8, alpha=0.7, label="reference val: mean")
+        val = {k: np.array(v) for k, v in ref.series("val_loss").items()}
         steps, mean = val["step"], val["mean"]
-        margin = [ref.margin("val_loss", step) for step in steps]
-        gap.fill_between(steps, [a - m for a, m in zip(val["min"], mean)], [b - m for b, m in zip(val["max"], mean)],
-                         color="tab:orange", alpha=0.18, lw=0)
-        for edge, sign in ((val["min"], -1), (val["max"], 1)):
-            gap.plot(steps, [e + sign * d - m for e, d, m in zip(edge, margin, mean)], ":", color="gray", lw=1,
-                     label="band +- margin: a note beyond" if sign > 0 else None)
+        ax.plot(steps, mean, "--", color="tab:orange", lw=0.8, alpha=0.7, label="reference val: mean")
+        margin = np.array([ref.margin("val_loss", step) for step in steps])
+        gap.fill_between(steps, val["min"] - mean, val["max"] - mean, color="tab:orange", alpha=0.18, lw=0)
+        gap.plot(steps, val["min"] - margin - mean, ":", color="gray", lw=1)
+        gap.plot(steps, val["max"] + margin - mean, ":", color="gray", lw=1, label="band +- margin: a note beyond")
         run = [(step, v - band[1]) for step, v in zip(*self._series("val_loss"))
                if (band := ref.band("val_loss", step)) is not None]
         gap.plot([p[0] for p in run], [p[1] for p in run], "o-", color="tab:orange", ms=3)

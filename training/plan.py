@@ -1,44 +1,32 @@
-"""Plan a run on paper before spending GPU time: parameters, FLOPs, memory per GPU and time.
+"""Memory and time of a run before it starts: `train.py --plan` and `--batch-size auto`.
 
     python train.py --config gpt2 --plan --gpu h100 --nproc 8     # prints the plan, trains nothing
     python train.py --config gpt2 --plan --gpu a100-40gb --n-layer 24 --n-embd 1024 --n-head 16
     python train.py --config gpt2 --batch-size auto               # the largest micro-batch that fits
 
-The model is built on the meta device (shapes only). Memory per process, in bytes, with N
-parameters kept in fp32 (autocast lowers only the matmuls): weights 4N plus buffers,
-gradients 4N, AdamW 8 per parameter it owns (two moments) and Muon 4 (one momentum buffer;
-optim.configure_optimizer decides who owns what), DDP's gradient buckets 4N (its
-gradient_as_bucket_view is off), autocast's bf16 copies of the matmul weights (2 per matmul
-parameter, alive until the backward is done), and the activations: what autograd saves for the
-backward, plus the largest short-lived tensor of the backward (activation_bytes). The peak is
-the largest of that, the end of a compiled backward (one graph that returns all gradients at
-once) and Muon's step, which both come after the activations are freed. Gradients are counted
-as present during the forward, as they are from the second micro-step of gradient
-accumulation on; with one micro-step per optimizer step the real peak is a bit lower.
-
-memory_check.py measures the same on the CPU (tests/test_plan.py, `python bench.py memory`);
-CPU and GPU keep the same tensors for the backward, so the arithmetic carries over.
+The model is built on the meta device (shapes only). Each term of the estimate, and how it was
+checked against measured peaks (benchmarks/memory.py, tests/test_plan.py): docs/planning.md.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from configs import TrainConfig
-from errors import UserError
-from model import GPT, GPTConfig
+from configs.errors import UserError
+from configs.model import GPTConfig
+from model.gpt import GPT
 
 F32 = 4  # bytes of a float32: parameters, gradients, optimizer state, the residual stream
 GiB = 2**30
 USABLE = 0.9  # share of a GPU's memory to plan on: the CUDA context and the allocator's fragmentation take the rest
-# Default MFU: nanoGPT trains GPT-2 124M (600,000 steps of 491,520 tokens) in "about 4 days" on
-# 8 A100 40GB (its README): 29% of their bf16 peak by flops_per_token. A user reports 29% on one
-# RTX 4090 too (nanoGPT issue #182). Tiny models reach far less (launch overhead dominates).
-DEFAULT_MFU = 0.3
+DEFAULT_MFU = 0.3  # what nanoGPT's GPT-2 runs reach; tiny models reach far less (docs/planning.md)
 MFU_SOURCE = "nanoGPT's GPT-2 124M run: 4 days on 8 A100 = 29%"
 
 
@@ -58,22 +46,21 @@ class Counts:
 
 def count(model: torch.nn.Module, cfg: TrainConfig) -> Counts:
     """Counts for model under cfg's optimizer recipe (optim.configure_optimizer's own split)."""
-    from optim import Muon, configure_optimizer
+    from training.optim import Muon, configure_optimizer
 
     opt = configure_optimizer(model, cfg, fused=False)  # no state is allocated before the first step
-    owned = {"adamw": 0, "muon": 0}
-    shapes: dict[torch.Size, int] = {}
-    for o in opt.optimizers:
-        params = [p for g in o.param_groups for p in g["params"]]
-        owned["muon" if isinstance(o, Muon) else "adamw"] += sum(p.numel() for p in params)
-        for p in params if isinstance(o, Muon) else ():
-            shapes[p.shape] = shapes.get(p.shape, 0) + p.numel()
+    muon = [p for o in opt.optimizers if isinstance(o, Muon) for g in o.param_groups for p in g["params"]]
+    shapes: Counter[torch.Size] = Counter()
+    for p in muon:
+        shapes[p.shape] += p.numel()
     linear = [p for m in model.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters()]
     embed = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    n_muon = sum(shapes.values())
     return Counts(
         params=model.num_params(), embedding=sum(p.numel() for p in embed),
         matmul=sum(p.numel() for p in linear), buffers=sum(b.numel() * b.element_size() for b in model.buffers()),
-        adamw=owned["adamw"], muon=owned["muon"], muon_group=max(shapes.values(), default=0),
+        adamw=sum(p.numel() for g in opt.param_groups for p in g["params"]) - n_muon, muon=n_muon,
+        muon_group=max(shapes.values(), default=0),
         flops_per_token=model.flops_per_token(cfg.block_size))
 
 
@@ -83,23 +70,8 @@ def meta_model(cfg: TrainConfig, vocab_size: int) -> GPT:
 
 
 def activation_bytes(mc: GPTConfig, batch: int, seq: int, low_precision: bool, compiled: bool) -> int:
-    """Bytes that grow with the batch at the peak (the start of the backward pass): what each
-    layer saves for the backward, per token, plus the largest transient on top.
-
-    a = 2 under bf16/fp16 autocast (4 in fp32) for matmul inputs and outputs. Per layer: the
-    fp32 residual stream twice (the norms' inputs; RMSNorm also keeps x * rstd), the c_attn
-    input, q/k/v, the attention output, the c_fc input and the MLP hidden before and after its
-    activation (2 x 4C); RoPE adds the rotated q and k, QK-norm its fp32 work and output; SDPA
-    keeps a log-sum-exp, the explicit path the (T, T) probabilities of each head in fp32 and in
-    autocast's copy; dropout a 1-byte mask per element (CUDA: on the CPU torch keeps masks in
-    the compute dtype and SDPA falls back to its math path, so there this runs low). The
-    transient: the loss's backward (the logits the caller holds, log-softmax's fp32 output, its
-    gradient, the input gradient), lm_head's (the logits and their gradient, then its weight's
-    gradient in autocast's dtype and in fp32: a fixed V x C cost that wins at small batches) or,
-    with a small vocabulary, the last block's (two MLP-hidden or two (T, T) gradients).
-    torch.compile (measured with CPU inductor) keeps the same per layer but the probabilities
-    once, and fuses the loss's backward into one fp32 gradient.
-    """
+    """Bytes that grow with the batch at the peak (the start of the backward): what each layer
+    saves for the backward, plus the largest transient on top. Term by term: docs/planning.md."""
     a = 2 if low_precision else F32
     copy = a if low_precision else 0  # autocast's low-precision copy of an fp32 tensor
     C, H, V, nh = mc.n_embd, mc.mlp_ratio * mc.n_embd, mc.vocab_size, mc.n_head
@@ -121,15 +93,15 @@ def activation_bytes(mc: GPTConfig, batch: int, seq: int, low_precision: bool, c
     lm_head = 2 * a * V * tokens + (copy + F32) * V * C  # the logits and their gradient, then the weight's
     last_mlp = a * V + 2 * a * H
     last_attention = a * V + (2 * F32 - copy) * scores - (F32 + a) * C - 2 * a * H if explicit else 0
+    # the transient: the loss's backward, lm_head's (a fixed V x C weight gradient that wins at
+    # small batches) or, with a small vocabulary, the last block's
     transient = max(tokens * max(loss, last_mlp, last_attention), lm_head)
     return tokens * (mc.n_layer * layer + head) + transient
 
 
 def muon_step_bytes(counts: Counts, low_precision: bool) -> int:
-    """Temporaries of Muon's step: a Nesterov update per weight (fp32), then for the largest
-    same-shape group the stacked updates (fp32) and Newton-Schulz's iterates, in the run's dtype
-    (4 + 12 bytes per element in bf16, 4 + 16 in float32; measured on CPU: 14.5 and 18 for a
-    (4, 512, 128) group's whole step)."""
+    """Temporaries of Muon's step: a Nesterov update per weight, then the largest same-shape group
+    stacked and orthogonalized (docs/planning.md)."""
     return F32 * counts.muon + (16 if low_precision else 20) * counts.muon_group
 
 
@@ -150,7 +122,9 @@ class Estimate:
         return cls(count(model, cfg), model.config, cfg.block_size, low_precision, cfg.compile, nproc)
 
     def memory(self, batch: int) -> dict[str, int]:
-        """Peak bytes per process by part; "total" follows the peak rule of the module docstring."""
+        """Peak bytes per process by part. "total": what lives throughout (gradients included, as from
+        the second micro-step on) plus the largest of the autocast copies with the activations and
+        the LATER parts, which come after the activations are freed."""
         n = self.counts
         parts = {
             "weights and buffers": F32 * n.params + n.buffers,
@@ -168,9 +142,7 @@ class Estimate:
         return parts
 
     def _compiled_gradients(self, batch: int) -> int:
-        """torch.compile runs the backward as one graph that returns every gradient at its end,
-        before any is added to .grad (measured on CPU): all of them in fp32, the tied embedding's
-        twice, lm_head's weight gradient in autocast's dtype too, beside the logits the caller holds."""
+        """A compiled backward returns every gradient at once, before any reaches .grad (docs/planning.md)."""
         if not self.compiled:
             return 0
         a, V, C = (2 if self.low_precision else F32), self.config.vocab_size, self.config.n_embd
@@ -193,13 +165,10 @@ class Estimate:
         return best
 
 
-# ---------------------------------------------------------------------------- GPUs and free memory
-
-
 def gpu_spec(name: str) -> tuple[str, int, float]:
     """(label, memory bytes, dense bf16 FLOP/s) for --gpu NAME: a runtime.PEAK_FLOPS entry in any
     case, without spaces or "RTX " (h100, a100, 4090), optionally sized: a100-40gb, h100-94gb."""
-    from runtime import GPU_MEMORY_GB, PEAK_FLOPS
+    from training.runtime import GPU_MEMORY_GB, PEAK_FLOPS
 
     match = re.fullmatch(r"(.+?)(?:-(\d+)gb)?", name.lower().replace(" ", ""))
     names = {s: k for k in PEAK_FLOPS for s in (k.lower().replace(" ", ""), k.lower().removeprefix("rtx "))}
@@ -212,8 +181,7 @@ def gpu_spec(name: str) -> tuple[str, int, float]:
 
 
 def free_memory(device: str) -> int:
-    """Bytes this process can still allocate on device: the driver's free memory on CUDA,
-    Metal's recommended budget less what is in use on MPS, the kernel's MemAvailable on CPU."""
+    """Bytes this process can still allocate on device (on MPS: Metal's recommended budget less its use)."""
     if device.startswith("cuda"):
         return torch.cuda.mem_get_info(device)[0]
     if device == "mps":
@@ -222,12 +190,7 @@ def free_memory(device: str) -> int:
         meminfo = open("/proc/meminfo").read()
         return int(re.search(r"MemAvailable:\s+(\d+) kB", meminfo).group(1)) * 1024
     except (OSError, AttributeError):  # not Linux: free pages, which leaves out the page cache
-        import os
-
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-# ---------------------------------------------------------------------------- --plan and --batch-size auto
 
 
 def sequences_per_step(cfg: TrainConfig, nproc: int) -> int:
@@ -235,17 +198,13 @@ def sequences_per_step(cfg: TrainConfig, nproc: int) -> int:
     if not cfg.batch_size and not cfg.tokens_per_step:
         raise UserError("--batch-size auto keeps --tokens-per-step by gradient accumulation: give it too "
                         f"(e.g. --tokens-per-step {64 * cfg.block_size * nproc})")
-    tokens = cfg.tokens_per_step or cfg.batch_size * cfg.block_size * nproc
-    if tokens % (cfg.block_size * nproc) or (cfg.batch_size and tokens % (cfg.batch_size * cfg.block_size * nproc)):
-        raise UserError(f"--tokens-per-step {tokens} is not a multiple of batch_size x block_size x processes "
-                        f"= {cfg.batch_size or 1} x {cfg.block_size} x {nproc}; pick a multiple")
-    return tokens // (cfg.block_size * nproc)
+    batch = cfg.batch_size or 1  # auto: any micro-batch that divides the share will do
+    return batch * replace(cfg, batch_size=batch).accumulation(nproc)
 
 
 def auto_batch_size(cfg: TrainConfig, model: GPT, rt: Any) -> TrainConfig:
-    """--batch-size auto (batch_size 0): the largest micro-batch whose estimated peak fits in
-    USABLE of the device's free memory, among those that divide this process's share of
-    tokens_per_step (so gradient accumulation keeps the global batch). Prints what and why."""
+    """--batch-size auto (batch_size 0): the largest micro-batch that fits USABLE of the free memory
+    and divides this process's share of tokens_per_step. Prints what and why."""
     share = sequences_per_step(cfg, rt.world_size)
     free = torch.tensor(float(free_memory(rt.device)), device=rt.device)
     if rt.ddp:  # every rank must pick the same size, so plan on the fullest device
@@ -279,72 +238,62 @@ def _duration(seconds: float) -> str:
 def plan_report(cfg: TrainConfig, vocab_size: int, gpu: str, nproc: int, mfu: float) -> str:
     """What `train.py --plan` prints: sizes, compute, memory per GPU and time of cfg on nproc x gpu."""
     label, capacity, peak = gpu_spec(gpu)
-    model = meta_model(cfg, vocab_size)
-    est, T, budget = Estimate.of(model, cfg, cfg.dtype != "float32", nproc), cfg.block_size, USABLE * capacity
-    mc, counts, low = est.config, est.counts, est.low_precision
+    est = Estimate.of(meta_model(cfg, vocab_size), cfg, cfg.dtype != "float32", nproc)
+    counts, T, budget = est.counts, cfg.block_size, USABLE * capacity
     share = sequences_per_step(cfg, nproc)
-    fit, keep = est.largest_batch(budget), est.largest_batch(budget, divides=share)
-    B = cfg.batch_size or keep or 1  # --batch-size auto shows the size it would pick
-    tokens, mem = share * T * nproc, est.memory(B)
-    verdict = "fits" if mem["total"] <= budget else "does NOT fit"
-    unit, unit_name = (GiB, "GiB") if mem["total"] >= GiB else (2**20, "MiB")
-    optimizers = f"AdamW on {_count(counts.adamw)}" + (f", Muon on {_count(counts.muon)}" if counts.muon else "")
+    B = cfg.batch_size or est.largest_batch(budget, divides=share) or 1  # auto: the size it would pick
+    tokens = share * T * nproc
+    positions = ", position" if est.config.pos_emb == "learned" else ""
     lines = [
         f"plan for {cfg.name} on {nproc} x {label} ({peak / 1e12:.0f} TFLOP/s dense bf16); estimates only",
-        f"parameters    {_count(counts.params)} = {_count(counts.embedding)} embedding (token"
-        f"{', position' if mc.pos_emb == 'learned' else ''}) + {_count(counts.params - counts.embedding)} other",
+        f"parameters    {_count(counts.params)} = {_count(counts.embedding)} embedding (token{positions}) "
+        f"+ {_count(counts.params - counts.embedding)} other",
         f"FLOPs         {counts.flops_per_token / 1e6:,.1f} MFLOP per token (6 per matmul weight + attention: "
         "MFU's count)",
         f"batch         {tokens:,} tokens/step = {B} sequences x {T} tokens x {nproc} "
         f"process{'es' if nproc > 1 else ''} x {share // B} accumulation",
-        f"memory per GPU in {unit_name}: {'bf16 autocast' if low else 'float32'}, {mc.attention} attention, "
-        f"{'compiled' if cfg.compile else 'eager'}, {optimizers} params",
-        *(f"  {k:<24}{v / unit:8.2f}" for k, v in mem.items() if v and k != "total"),
-        f"  {'peak':<24}{mem['total'] / unit:8.2f}  of {budget / unit:,.1f} usable "
-        f"({USABLE:.0%} of {capacity / GiB:.0f} GiB): {verdict}",
-        "  (peak = the rows above the copies + max(copies + activations"
-        + "".join(f", {k}" for k in Estimate.LATER if mem[k]) + "))",
-        f"activations at micro-batch {B}, {unit_name}:   eager  compiled",
+        *_memory_lines(est, B, capacity),
     ]
-    for attention in ("sdpa", "explicit"):
-        shape = replace(mc, attention=attention)
-        acts = [activation_bytes(shape, B, T, low, compiled) / unit for compiled in (False, True)]
-        lines.append(f"  {attention:<34}{acts[0]:7.2f}  {acts[1]:8.2f}")
     if nproc > 1:
         ring = 2 * (nproc - 1) / nproc * F32 * counts.params
         lines.append(f"all-reduce    {F32 * counts.params / GiB:.2f} GiB of fp32 gradients per step "
                      f"(a ring sends and receives {ring / GiB:.2f} GiB per GPU)")
-    if fit:
-        lines.append(f"fits          up to micro-batch {fit}" + (f"; keeping {tokens:,} tokens/step: {keep} x "
-                     f"{share // keep} accumulation" if keep else f", no divisor of the {share} sequences per step"))
-    else:
-        need = [est.memory(b)["total"] for b in (0, 1)]
-        lines.append("fits          nothing: " + (f"{need[0] / GiB:.1f} GiB even without activations"
-                     if need[0] > budget else f"one sequence needs {need[1] / GiB:.1f} GiB"))
     step = counts.flops_per_token * tokens / (nproc * peak * mfu)
-    lines += [f"time          {_duration(step)}/step, {tokens / step:,.0f} tokens/s; "
+    lines += [_fit_line(est, budget, share, tokens),
+              f"time          {_duration(step)}/step, {tokens / step:,.0f} tokens/s; "
               f"max_iters {cfg.max_iters:,} = {_duration(step * cfg.max_iters)}",
               f"              at {mfu:.0%} MFU ({MFU_SOURCE}; --mfu to change)"]
     return "\n".join(lines)
 
 
-def plan_command(cfg: TrainConfig, gpu: str, nproc: int, mfu: float) -> int:
-    """`train.py --config NAME --plan [--gpu G] [--nproc N] [--mfu X]`: print the plan, train nothing."""
-    if nproc < 1 or not 0 < mfu <= 1:
-        raise UserError(f"--nproc must be at least 1 and --mfu in (0, 1], got {nproc} and {mfu}")
-    print(plan_report(cfg, plan_vocab_size(cfg), gpu, nproc, mfu))
-    return 0
+def _memory_lines(est: Estimate, batch: int, capacity: int) -> list[str]:
+    """The plan's memory block: each part at micro-batch `batch`, the peak against the GPU's
+    capacity, and the activations of both attention paths, eager and compiled."""
+    mem, budget, n, low = est.memory(batch), USABLE * capacity, est.counts, est.low_precision
+    unit, unit_name = (GiB, "GiB") if mem["total"] >= GiB else (2**20, "MiB")
+    optimizers = f"AdamW on {_count(n.adamw)}" + (f", Muon on {_count(n.muon)}" if n.muon else "")
+    later = "".join(f", {k}" for k in Estimate.LATER if mem[k])
+    lines = [f"memory per GPU in {unit_name}: {'bf16 autocast' if low else 'float32'}, {est.config.attention} "
+             f"attention, {'compiled' if est.compiled else 'eager'}, {optimizers} params",
+             *(f"  {k:<24}{v / unit:8.2f}" for k, v in mem.items() if v and k != "total"),
+             f"  {'peak':<24}{mem['total'] / unit:8.2f}  of {budget / unit:,.1f} usable ({USABLE:.0%} of "
+             f"{capacity / GiB:.0f} GiB): {'fits' if mem['total'] <= budget else 'does NOT fit'}",
+             f"  (peak = the rows above the copies + max(copies + activations{later}))",
+             f"activations at micro-batch {batch}, {unit_name}:   eager  compiled"]
+    for attention in ("sdpa", "explicit"):
+        shape = replace(est.config, attention=attention)
+        eager, compiled = (activation_bytes(shape, batch, est.seq, low, c) / unit for c in (False, True))
+        lines.append(f"  {attention:<34}{eager:7.2f}  {compiled:8.2f}")
+    return lines
 
 
-def plan_vocab_size(cfg: TrainConfig) -> int:
-    """cfg's vocab_size, else its dataset's (a bundled preset is prepared first, as training would)."""
-    if cfg.vocab_size:
-        return cfg.vocab_size
-    import json
-
-    from train import dataset_dir
-
-    try:
-        return json.loads((dataset_dir(cfg) / "manifest.json").read_text())["vocab_size"]
-    except UserError as e:
-        raise UserError(f"{e}; or plan without the data by giving --vocab-size") from None
+def _fit_line(est: Estimate, budget: float, share: int, tokens: int) -> str:
+    """The largest micro-batch that fits, and the largest that also keeps the step's tokens."""
+    fit, keep = est.largest_batch(budget), est.largest_batch(budget, divides=share)
+    if fit:
+        return f"fits          up to micro-batch {fit}" + (
+            f"; keeping {tokens:,} tokens/step: {keep} x {share // keep} accumulation" if keep
+            else f", no divisor of the {share} sequences per step")
+    fixed = est.memory(0)["total"]
+    return "fits          nothing: " + (f"{fixed / GiB:.1f} GiB even without activations" if fixed > budget
+                                       else f"one sequence needs {est.memory(1)['total'] / GiB:.1f} GiB")

@@ -6,13 +6,10 @@
     parser.add_argument("--force", action=Flag, help="rebuild even if up to date")
     args = parser.parse_args(argv)
 
-- `--flag value` and `--flag=value`; `--max_iters` means `--max-iters` (nanoGPT habits work).
-- Booleans: `--force`, `--no-force`, `--force false` / `--force=0` (true/false, 1/0, yes/no, on/off);
-  a bare flag takes the next word only when it is one of those, so `--force NAME` keeps NAME.
-- `--help` prints the script's docstring as written and each option with its default.
-- Bad input raises errors.UserError, one line: `--device: 'gpu' is not one of auto, cpu, cuda,
-  mps; did you mean 'cuda'?`, `unknown option '--max-iter'; did you mean --max-iters?`.
-  Prefixes are not accepted (allow_abbrev=False): `--max-iter` must not quietly set --max-iters.
+`--max_iters=5` means `--max-iters 5` (nanoGPT habits work); booleans are `--force`, `--no-force`
+or `--force false`; --help shows the script's docstring as written and every default; bad input
+is one UserError line with a "did you mean"; prefixes are refused (`--max-iter` must not quietly
+set --max-iters).
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, NoReturn, get_args, get_origin
 
-from errors import UserError
+from .errors import UserError
 
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 # Common names for a choice that are too far from it for difflib to suggest

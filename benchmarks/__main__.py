@@ -1,0 +1,42 @@
+"""The benchmarks' command line: each subcommand prints one JSON line per measurement.
+
+    python -m benchmarks sample                   # decoding tokens/s (benchmarks/decode.py)
+    python -m benchmarks train --config small --iters 200        # step time, ours vs plain PyTorch
+    python -m benchmarks time-to-loss --config small --max-time 45 --target 1.88
+    python -m benchmarks memory --config small    # plan.py's peak memory vs the measured one
+    python -m benchmarks reference --config small --seeds 5 --eval-interval 150 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from configs.errors import entry_point
+
+from . import decode, memory, runs, train
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (decode.add_sample_parser, train.add_train_parser, runs.add_time_to_loss_parser,
+                memory.add_memory_parser, runs.add_reference_parser):
+        add(sub)
+    return parser
+
+
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)  # train, time-to-loss: the rest are TrainConfig flags
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra, args.argv = extra, list(sys.argv[1:] if argv is None else argv)
+    args.func(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

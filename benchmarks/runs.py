@@ -1,0 +1,186 @@
+"""Whole `python train.py` runs: wall time to a loss, and the reference loss band over seeds.
+
+    python -m benchmarks time-to-loss --config small --max-time 45 --target 1.88
+    python -m benchmarks time-to-loss --config small --max-iters 1500        # the fixed-step figure
+    python -m benchmarks time-to-loss --config small --vs-nanogpt --fractions 0.25 1 --target 1.55
+    python -m benchmarks reference --config small --seeds 5 --eval-interval 150 --threads 1
+
+Other flags go to train.py. Wall time is the whole process's, start-up included: what a user waits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import emit
+from configs import load_config
+from configs.errors import UserError
+from training import reference
+
+# nanoGPT's README command for CPUs (train_shakespeare_char.py --device=cpu --compile=False
+# --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4
+# --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0), as our flags.
+NANOGPT_CPU = ("--n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 12 --dropout 0 --bias false "
+               "--pos-emb learned --norm layernorm --activation gelu_exact --qk-norm false --tie-weights true "
+               "--attention sdpa --optimizer adamw --lr 1e-3 --min-lr 1e-4 --warmup-iters 100 --lr-schedule cosine "
+               "--lr-decay-iters 2000 --max-iters 2000 --beta2 0.99 --weight-decay 0.1 --grad-clip 1.0 "
+               "--tokens-per-step 0 --dtype float32 --eval-interval 250 --eval-iters 20 --log-interval 1").split()
+
+
+def _run(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        # train.py's own one-line error says what to fix; a crash's last line says what broke
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("error: ")
+        raise UserError(f"{' '.join(cmd[1:4])} exited {proc.returncode}: {last}")
+    return proc.stdout
+
+
+def _train_py(config: str, flags: list[str], score_whole_val: bool = False
+              ) -> tuple[float, str, list[dict[str, Any]], dict[str, Any]]:
+    """One `python train.py --config C --sample-tokens 0 <flags>`: (wall seconds, stdout, metrics.jsonl
+    records, config.json); score_whole_val: the last val_loss measured again on the whole val split."""
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        t0 = time.perf_counter()
+        stdout = _run([sys.executable, "train.py", "--config", config, "--sample-tokens", "0", *flags, "--out-dir", tmp])
+        wall = time.perf_counter() - t0
+        records = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+        if score_whole_val:
+            scored = _run([sys.executable, "train.py", "--config", tmp, "--eval-only", "--out-dir", tmp])
+            [r for r in records if "val_loss" in r][-1]["val_loss"] = float(re.search(r"val\s+loss (\S+)", scored).group(1))
+        return wall, stdout, records, json.loads((Path(tmp) / "config.json").read_text())
+
+
+def add_time_to_loss_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("time-to-loss", allow_abbrev=False, help="whole `python train.py` runs: wall time and final val loss")
+    p.add_argument("--config", default="small")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--max-time", type=float, default=45.0, help="train.py --max-time (s)")
+    budget.add_argument("--max-iters", type=int, default=0, help="train.py --max-iters instead of --max-time")
+    budget.add_argument("--fractions", type=float, nargs="+", default=[],
+                        help="with --vs-nanogpt: one run of ours per F, in F x nanoGPT's whole-process wall time")
+    p.add_argument("--target", type=float, default=1.88, help="val loss to reach")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0, help="train.py --threads, for both runs")
+    p.add_argument("--vs-nanogpt", action="store_true", help="nanoGPT's CPU recipe on our trainer (scored on the whole val split) before each of ours")
+    p.set_defaults(func=bench_time_to_loss, passthrough=True)
+
+
+def _timed_run(config: str, flags: list[str], score_whole_val: bool = False) -> dict[str, Any]:
+    wall, stdout, records, _ = _train_py(config, flags, score_whole_val)
+    last = [r for r in records if "val_loss" in r][-1]
+    stopped = re.search(r"stopped at step \d+ \((\w+)\) after (\S+)s", stdout)
+    return {"wall_s": round(wall, 2), "val_loss": round(last["val_loss"], 4), "steps": last["step"],
+            "stopped": stopped.group(1), "train_s": float(stopped.group(2))}
+
+
+def bench_time_to_loss(args: argparse.Namespace) -> None:
+    if args.fractions and (not args.vs_nanogpt or min(args.fractions) <= 0):
+        raise UserError("--fractions: positive multiples of nanoGPT's wall time (1 = as long), with --vs-nanogpt")
+    device = machine("cuda" if torch.cuda.is_available() else "cpu")
+    threads = ["--threads", str(args.threads)]
+    common = {"bench": "time-to-loss", "device": device, "target": args.target}
+    ratios: dict[float | None, list[tuple[float, float, float]]] = {}
+    for _ in range(args.repeats):
+        ref = None
+        if args.vs_nanogpt:
+            ref = _timed_run("small", NANOGPT_CPU + threads, score_whole_val=True)
+            emit({**common, "run": "nanogpt", "flags": NANOGPT_CPU + threads, **ref, "reached": ref["val_loss"] <= args.target})
+        times = {None: args.max_time}
+        if args.fractions:
+            # ours' whole process, start-up and exit included, takes about F x nanoGPT's
+            times = {f: round(f * ref["wall_s"] - (ref["wall_s"] - ref["train_s"]), 1) for f in args.fractions}
+            if min(times.values()) <= 0:  # train.py's --max-time 0 is no limit at all
+                raise UserError(f"--fractions {min(args.fractions)} x nanoGPT's wall is less than its start-up")
+        # a time budget is the only limit: the config's max_iters would otherwise end the run early
+        budgets = ({None: ["--max-iters", str(args.max_iters)]} if args.max_iters else
+                   {f: ["--max-time", str(t), "--max-iters", "1000000000"] for f, t in times.items()})
+        for f, budget in budgets.items():
+            ours = _timed_run(args.config, [*budget, "--eval-interval", "1000000000", *threads, *args.extra])
+            emit({**common, "run": "ours", "config": args.config, "flags": [*budget, *threads, *args.extra],
+                  **ours, "reached": ours["val_loss"] <= args.target})
+            if ref:
+                ratios.setdefault(f, []).append((ours["wall_s"] / ref["wall_s"], ours["val_loss"], ref["val_loss"]))
+    for f, rows in ratios.items():
+        ratio, val, ref_val = (statistics.median(x) for x in zip(*rows))
+        emit({"bench": "time-to-loss", "fraction": f, "ours_wall_over_nanogpt": round(ratio, 3), "ours_val": val,
+              "nanogpt_val": ref_val, "ours_reached_nanogpt": val <= ref_val, "ours_reached_target": val <= args.target,
+              "medians_of": len(rows)})
+
+
+def add_reference_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("reference", allow_abbrev=False,
+                       help="loss band over seeds, written to configs/reference/<config>.json")
+    p.add_argument("--config", default="small", help="a named config")
+    p.add_argument("--seeds", type=int, default=3, help="runs, one after another, with the config's seed, seed+1, ...")
+    p.set_defaults(func=bench_reference, passthrough=True)
+
+
+def bench_reference(args: argparse.Namespace) -> None:
+    if args.seeds < 2:
+        raise UserError("--seeds must be at least 2: a band needs a spread")
+    seeds = list(range(first := load_config(args.config, args.extra).seed, first + args.seeds))
+    runs, config, device = [], {}, ("", "")
+    for seed in seeds:
+        wall, stdout, records, config = _train_py(args.config, [*args.extra, "--seed", str(seed)])
+        # train.py's first line is runtime.describe(): "cpu with bf16 instructions, bfloat16, fused AdamW, ..."
+        device = re.match(r"(\S+)[^,\n]*, (\w+)", stdout).groups()
+        runs.append(records)
+        emit({"bench": "reference", "config": args.config, "seed": seed, "wall_s": round(wall, 2),
+              "val_loss": round([r for r in records if "val_loss" in r][-1]["val_loss"], 4)})
+    ref = build_reference(args.config, config, runs, seeds, shlex.join(["python", "-m", "benchmarks", *args.argv]), *device)
+    final = ref["final_val_loss"]
+    path = write_reference(ref, reference.REFERENCE_DIR / f"{args.config}.json")
+    emit({"bench": "reference", "wrote": str(path), "final_val_loss": final,
+          "mean": round(statistics.fmean(final), 4), "spread": round(max(final) - min(final), 4)})
+
+
+def build_reference(name: str, config: dict[str, Any], runs: list[list[dict[str, Any]]], seeds: list[int],
+          command: str, device: str, dtype: str) -> dict[str, Any]:
+    """A reference from several seeds' metrics.jsonl records (one list per run): for each key,
+    the steps every run logged it and the mean, min and max over runs there."""
+    series = {}
+    for key in reference.KEYS:
+        per_run = [{r["step"]: r[key] for r in records if r.get(key) is not None} for records in runs]
+        steps = sorted(set.intersection(*(set(d) for d in per_run)))
+        values = [[d[step] for d in per_run] for step in steps]  # (steps, runs)
+        series[key] = {"step": steps, **{stat: [round(f(v), 4) for v in values] for stat, f in
+                                         (("mean", statistics.fmean), ("min", min), ("max", max))}}
+    final = [[r for r in records if r.get("val_loss") is not None][-1]["val_loss"] for records in runs]
+    return {"name": name, "command": command, "machine": machine(device), "device": device, "dtype": dtype,
+            "torch": torch.__version__, "date": datetime.date.today().isoformat(), "seeds": seeds,
+            "final_val_loss": [round(v, 4) for v in final],
+            "config": {k: v for k, v in config.items() if k not in ("seed", "out_dir")}, "series": series}
+
+
+def machine(device: str) -> str:
+    """The CPU's model name (what lscpu prints) and core count; on CUDA, the GPU's name."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    names = re.findall(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.MULTILINE) if cpuinfo.exists() else []
+    return f"{names[0] if names else platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def write_reference(ref: dict[str, Any], path: Path) -> Path:
+    """JSON with each list of numbers on one line: small diffs, readable by eye."""
+    text = json.dumps(ref, indent=1)
+    text = re.sub(r"\[\s+([^][{}]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+    return path

@@ -1,0 +1,53 @@
+"""Files written whole or not at all: a temporary file beside the target, fsync, then rename.
+
+os.replace is atomic within a filesystem, so a reader (or a crash, or a full disk) sees the old
+file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from configs.errors import UserError
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write path with write(f) via a temp file beside it; a failed write is one UserError (write_errors)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with write_errors(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def write_errors(path: Path) -> Iterator[None]:
+    """Turn an OSError while writing path (torch.save wraps it in a RuntimeError) into one line."""
+    try:
+        yield
+    except UserError:
+        raise  # already one line (e.g. a source that failed while its tokens were being written)
+    except Exception as e:
+        cause: BaseException | None = e
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise  # not a failed write: a bug, keep the traceback
+        raise UserError(f"could not write {path} ({cause.strerror or cause}); its previous version, if any, is "
+                        "kept; free disk space (or raise the file-size limit) or pick another output folder") from None
+
+
+def write_json(path: str | Path, obj: Any, ensure_ascii: bool = True) -> None:
+    text = json.dumps(obj, indent=2, ensure_ascii=ensure_ascii) + "\n"
+    atomic_write(Path(path), lambda f: f.write(text.encode()))

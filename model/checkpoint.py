@@ -1,0 +1,112 @@
+"""Checkpoints: saved atomically, found in a run directory, loaded safely, turned back into a GPT.
+
+A run directory (out/<config>/) holds ckpt.pt (the latest, what --resume continues) and best.pt
+(the lowest val loss so far). A checkpoint is one dict of tensors and plain Python containers,
+so it loads with `torch.load(weights_only=True)` (no pickled code runs when opening one):
+
+    model          state_dict of the raw module (never the compiled or DDP wrapper)
+    model_config   dataclasses.asdict(GPTConfig)
+    train_config   dataclasses.asdict(TrainConfig)
+    optimizer, scaler, step, loader, rng, best_val, wandb_id, manifest, version
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from configs.errors import UserError, first_line
+from configs.model import GPTConfig
+from data.files import atomic_write, write_errors
+
+from .gpt import GPT
+
+CKPT_NAME = "ckpt.pt"
+BEST_NAME = "best.pt"
+VERSION = 1
+
+
+def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
+    """Atomically write state (tensors and plain containers only) to run_dir/ckpt.pt."""
+    path = Path(run_dir) / CKPT_NAME
+    atomic_write(path, lambda f: torch.save({"version": VERSION, **state}, f))
+    return path
+
+
+def find_checkpoint(path: str | Path | None = None, best: bool = False) -> Path:
+    """The checkpoint of a run dir (best=True: its best.pt if it has one, else ckpt.pt) or a
+    .pt file; None means the default run, out/small."""
+    p = Path(path if path is not None else "out/small")
+    if p.is_dir() or p.suffix != ".pt":
+        p = p / BEST_NAME if best and (p / BEST_NAME).is_file() else p / CKPT_NAME
+    if p.is_file():
+        return p
+    runs = sorted(str(c.parent) for c in Path("out").glob(f"*/{CKPT_NAME}"))
+    hint = f" (runs with a checkpoint: {', '.join(runs)})" if runs else ""
+    raise UserError(f"no checkpoint at {p}; train one first, e.g. `python train.py --config small`{hint}")
+
+
+def keep_best(run_dir: str | Path) -> Path:
+    """Make best.pt the ckpt.pt just written: a hard link (no copy; the next atomic replace of
+    ckpt.pt makes a new file and leaves this one alone), or a copy where links are not allowed."""
+    run_dir = Path(run_dir)
+    best, tmp = run_dir / BEST_NAME, run_dir / f".{BEST_NAME}.{os.getpid()}.tmp"
+    try:
+        with write_errors(best):
+            try:
+                os.link(run_dir / CKPT_NAME, tmp)
+            except OSError:
+                shutil.copyfile(run_dir / CKPT_NAME, tmp)
+            os.replace(tmp, best)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return best
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    p = Path(path)
+    return (p / CKPT_NAME).is_file() or (p.suffix == ".pt" and p.is_file())
+
+
+def load_checkpoint(path: str | Path | None = None, map_location: str | torch.device = "cpu",
+                    best: bool = False) -> dict[str, Any]:
+    """Load a checkpoint dict safely (weights_only); a clear UserError if it is not one."""
+    p = find_checkpoint(path, best)
+    try:
+        ckpt = torch.load(p, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated zip, random bytes, pickled objects...: all unusable
+        reason = first_line(e)
+        if reason.startswith("Weights only load failed"):  # not torch's advice: weights_only=False runs its code
+            found = re.search(r"GLOBAL (\S+)", str(e))
+            reason = f"it holds pickled Python objects{f' ({found[1]})' if found else ''}, which could run code"
+        raise UserError(f"checkpoint {p} is corrupt or not a checkpoint ({reason}); "
+                        "delete it or point to another run") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_config"} <= ckpt.keys():
+        raise UserError(f"{p} is not a checkpoint of this project (no model/model_config); "
+                        "for Hugging Face GPT-2 weights use --init-from <dir>")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt: dict[str, Any], where: str | Path, **overrides: Any) -> GPT:
+    """The GPT a checkpoint (the file `where`) describes, with its weights (overrides, e.g.
+    dropout, go into GPTConfig)."""
+    try:
+        model = GPT(GPTConfig.from_dict(ckpt["model_config"], **overrides))
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, KeyError, RuntimeError, AttributeError) as e:
+        raise UserError(f"checkpoint {where}: weights do not match its model_config ({first_line(e)}); "
+                        "the file is damaged or from another project") from None
+    return model
+
+
+def load_model(path: str | Path | None = None, device: str | torch.device = "cpu",
+               best: bool = False) -> tuple[GPT, dict[str, Any]]:
+    """(GPT, checkpoint dict) from a run dir or ckpt file, in eval mode on `device`."""
+    path = find_checkpoint(path, best)
+    ckpt = load_checkpoint(path, map_location="cpu")
+    return model_from_checkpoint(ckpt, path).to(device).eval(), ckpt

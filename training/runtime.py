@@ -1,0 +1,322 @@
+"""What a run runs on: device, precision, compilation, seeds and the DDP process group.
+
+    rt = setup(cfg)                     # or setup(device="auto", dtype="auto") from sample.py
+    print(rt.describe())                # cuda:0 NVIDIA T4 (capability 7.5), float16 + loss scaling, ...
+    with rt.autocast():
+        logits, loss = model(x, y)
+    rt.scaler.scale(loss).backward()    # a no-op scaler unless dtype is float16
+
+probe() reads the machine into a Machine; choose(), a pure function of it and the options,
+decides by TABLE, so tests can fake any machine. Weights stay float32; autocast lowers the matmuls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.util
+import os
+import random
+import re
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from configs.errors import UserError, first_line
+
+# Dense bf16 tensor-core peak FLOP/s (vendors' datasheets; MFU is against it even in float32) and
+# memory in GB as sold (the common variant; --plan --gpu a100-40gb picks another), by substring of
+# the device name. CPU, MPS and unknown GPUs get no MFU: a guess would mislead.
+GPUS = {
+    "H200": (989e12, 141), "H100": (989e12, 80), "GH200": (989e12, 96), "A100": (312e12, 80), "A800": (312e12, 80),
+    "L40S": (362e12, 48), "L40": (181e12, 48), "A6000": (155e12, 48), "A10": (125e12, 24), "L4": (121e12, 24),
+    "RTX 4090": (165e12, 24), "RTX 3090": (71e12, 24), "V100": (125e12, 32), "T4": (65e12, 16),
+}
+PEAK_FLOPS = {name: flops for name, (flops, _) in GPUS.items()}
+GPU_MEMORY_GB = {name: gb for name, (_, gb) in GPUS.items()}
+
+
+def peak_flops(device_name: str) -> float | None:
+    """Peak FLOP/s for a CUDA device name, or None when unknown (longest match wins: L40S vs L4)."""
+    hits = [k for k in PEAK_FLOPS if k in device_name]
+    return PEAK_FLOPS[max(hits, key=len)] if hits else None
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the machine reports about itself: everything choose() reads."""
+    gpu: str = ""  # CUDA device name; "" = no CUDA GPU
+    capability: tuple[int, int] = (0, 0)  # CUDA compute capability
+    gpu_bf16: bool = False  # native bfloat16 (capability 8.0+); older GPUs only emulate it, slowly
+    triton: bool = False  # the package torch.compile generates GPU kernels with
+    mps: bool = False  # Apple-silicon GPU
+    cpu_bf16: bool = False  # AVX512-BF16 or AMX: bf16 matmuls in hardware
+
+
+def probe(local_rank: int = 0) -> Machine:
+    """Ask torch what this machine has (CUDA device `local_rank`, when there is CUDA)."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private: absent on some builds
+    cpu_bf16 = any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+    common = dict(mps=torch.backends.mps.is_available(), cpu_bf16=cpu_bf16)
+    if not torch.cuda.is_available():
+        return Machine(**common)
+    cap = torch.cuda.get_device_capability(local_rank)
+    # What torch.cuda.is_bf16_supported(including_emulation=False) checks, without making the
+    # device current (a CUDA context costs memory even on a --device cpu run).
+    bf16 = torch.version.hip is not None or cap >= (8, 0)
+    return Machine(gpu=torch.cuda.get_device_name(local_rank), capability=cap, gpu_bf16=bf16,
+                   triton=importlib.util.find_spec("triton") is not None, **common)
+
+
+# The decision table: choose() picks a machine's row; --dtype and --compile apply on top (docs/devices.md).
+#   row           dtype for --dtype auto   fused AdamW   why --compile is off there
+TABLE = {
+    "cuda bf16": (torch.bfloat16, True, ""),  # Ampere (8.0) and later: no loss scaling needed
+    "cuda fp16": (torch.float16, True, ""),  # Volta/Turing (7.x): fp16 tensor cores, bf16 only emulated
+    "cuda old": (torch.float32, True, "capability {cap} < 7.0, the oldest Triton compiles for"),  # no tensor cores
+    "mps": (torch.float32, False, "torch.compile's Metal backend is a prototype"),  # autocast, fused: young there
+    "cpu bf16": (torch.bfloat16, True, ""),  # AVX512-BF16/AMX: faster steps
+    "cpu": (torch.float32, True, ""),  # emulated bf16 is slower than float32
+}
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What a run does with the machine; choose() decides it."""
+    device: str  # "cuda:0", "mps", "cpu"
+    dtype: torch.dtype  # autocast compute dtype; float32 means no autocast
+    fused_adamw: bool
+    compile: bool  # torch.compile the training step
+    name: str = ""  # what describe() adds to the device: the GPU, the CPU's bf16 instructions
+    compile_off: str = ""  # why compile is off although it was asked for
+
+    device_type = property(lambda self: self.device.split(":")[0])
+    loss_scaling = property(lambda self: self.dtype == torch.float16)  # small fp16 gradients underflow without it
+
+
+def _pick_device(device: str, m: Machine, local_rank: int) -> str:
+    if device == "auto":
+        device = "cuda" if m.gpu else "mps" if m.mps else "cpu"
+    if device not in ("cpu", "cuda", "mps"):
+        raise UserError(f"unknown device {device!r}; choose auto, cpu, cuda or mps")
+    if (device == "cuda" and not m.gpu) or (device == "mps" and not m.mps):
+        missing = "torch sees no CUDA GPU" if device == "cuda" else "MPS is not available"
+        raise UserError(f"--device {device} but {missing}; use --device auto or --device cpu")
+    return f"cuda:{local_rank}" if device == "cuda" else device
+
+
+def _pick_dtype(dtype: str, row: str, training: bool = True) -> torch.dtype:
+    if dtype == "auto":
+        # decoding on a bf16 CPU stays float32: one-row bf16 matmuls were no faster (docs/devices.md)
+        return torch.float32 if row == "cpu bf16" and not training else TABLE[row][0]
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in table:
+        raise UserError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
+    if dtype == "bfloat16" and row.startswith("cuda") and row != "cuda bf16":
+        raise UserError("this GPU has no native bfloat16 (capability < 8.0); use --dtype float16 (or auto)")
+    return table[dtype]
+
+
+def choose(m: Machine, device: str = "auto", dtype: str = "auto", compile: bool = False, training: bool = True,
+           local_rank: int = 0) -> Choices:
+    """Device, precision, optimizer kernels and compilation for machine `m` and the options."""
+    dev = _pick_device(device, m, local_rank)
+    if dev.startswith("cuda"):
+        row = "cuda bf16" if m.gpu_bf16 else "cuda fp16" if m.capability >= (7, 0) else "cuda old"
+    else:
+        row = "cpu bf16" if dev == "cpu" and m.cpu_bf16 else dev
+    _, fused, why = TABLE[row]
+    cap, gpu = "{}.{}".format(*m.capability), row.startswith("cuda")
+    if gpu and not why and not m.triton:
+        why = "Triton is not installed (pip install triton; triton-windows on Windows)"
+    why = why.format(cap=cap) if compile else ""
+    name = f"{m.gpu} (capability {cap})" if gpu else "with bf16 instructions" if row == "cpu bf16" else ""
+    return Choices(dev, _pick_dtype(dtype, row, training), fused, compile and not why, name, why)
+
+
+@dataclass
+class Runtime:
+    """A run's device, precision and process group: what setup() returns."""
+
+    choices: Choices
+    scaler: torch.amp.GradScaler
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    peak_flops: float | None = None  # per device
+    attention: str = ""  # the kernel torch picks for the training step's attention, when known
+
+    device = property(lambda self: self.choices.device)
+    device_type = property(lambda self: self.choices.device_type)  # "cuda", "mps", "cpu": for torch.autocast
+    dtype = property(lambda self: self.choices.dtype)
+    ddp = property(lambda self: self.world_size > 1)
+    is_master = property(lambda self: self.rank == 0)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def barrier(self) -> None:
+        if self.ddp:
+            torch.distributed.barrier()
+
+    @contextlib.contextmanager
+    def peer_failures(self) -> Iterator[None]:
+        """Under DDP, a collective that timed out (a hung or stopped process: --ddp-timeout) or lost
+        its peer (a dead one) becomes one line instead of a traceback per process."""
+        try:
+            yield
+        except RuntimeError as e:
+            # NCCL raises DistError; gloo a plain RuntimeError whose message names its source file
+            if not self.ddp or not (isinstance(e, torch.distributed.DistError) or "gloo" in str(e)):
+                raise
+            traceback.clear_frames(e.__traceback__)  # they hold the DDP wrapper, which close() needs gone
+            reason = re.sub(r"^\[[^\]]*\] ", "", first_line(e)).split(". ")[0]
+            cause = ("another process hung or was stopped, or took longer than --ddp-timeout"
+                     if "timed out" in reason.lower() else "another process died (see its output)")
+            raise UserError(f"process {self.rank} of {self.world_size}: {reason}; {cause}; restart the job, with "
+                            "--resume if it saved a checkpoint") from None
+
+    def close(self) -> None:
+        """Destroy the process group once the DDP wrapper is gone, so gloo joins its threads now: left
+        running into interpreter exit, one can abort a finished job."""
+        if self.ddp and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+    def describe(self) -> str:
+        """One line: device, precision, optimizer kernels, attention kernel, compilation (and why not)."""
+        p = self.choices
+        where = f"{self.world_size} processes x {p.device_type}" if self.ddp else p.device
+        dtype = str(p.dtype).removeprefix("torch.") + (" + loss scaling" if p.loss_scaling else "")
+        compiled = "compile on" if p.compile else f"compile off: {p.compile_off}" if p.compile_off else "compile off"
+        parts = [f"{where} {p.name}".strip(), dtype, "fused AdamW" if p.fused_adamw else "AdamW (not fused)",
+                 self.attention, compiled]
+        return ", ".join(part for part in parts if part)
+
+
+def attention_kernel(cfg: Any, rt: Runtime) -> str:
+    """The attention kernel of the training step, as torch's own dispatcher picks it for these
+    shapes (it weighs capability, dtype, head size and dropout; on sm90 it may prefer cuDNN)."""
+    if cfg.attention == "explicit" or rt.device_type == "mps":  # MPS has one SDPA kernel
+        return "explicit attention" if cfg.attention == "explicit" else "SDPA"
+    from torch.nn.attention import SDPBackend
+
+    q = torch.zeros(1, cfg.n_head, 8, cfg.n_embd // cfg.n_head, device=rt.device, dtype=rt.dtype, requires_grad=True)
+    try:  # a private query: where a build lacks it, the line just omits the kernel
+        choice = torch._fused_sdp_choice(q, q, q, is_causal=True, dropout_p=cfg.dropout)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return "SDPA"
+    return f"SDPA {SDPBackend(choice).name.lower().removesuffix('_attention')}"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # seeds every CUDA device too
+
+
+def _join_process_group(device: str, timeout_s: float) -> None:
+    """torchrun started this process: join the others (NCCL on CUDA, gloo on the CPU)."""
+    if device == "mps":
+        raise UserError("DDP does not support MPS; run a single process, or use --device cpu")
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    # Imported before the group exists: its functions default to group=group.WORLD, which,
+    # bound later, would keep the group alive so close() could never join gloo's threads.
+    import torch.distributed.nn as _  # noqa: F401
+
+    # a collective that waits longer fails, so a hung or stopped process ends the job, not stalls it
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device.startswith("cuda"):
+        dist.init_process_group("nccl", device_id=torch.device(device), timeout=timeout)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+
+
+def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: int | None = 1337,
+          training: bool = True, ddp_timeout: float = 600.0) -> Runtime:
+    """Decide device, precision and compilation, seed the RNGs, join the process group under
+    torchrun. `cfg` (a TrainConfig) gives the options, else the keywords (nothing is compiled).
+    Each rank seeds with seed + rank, so dropout masks differ; DDP broadcasts rank 0's weights.
+    training=False (sampling) keeps dtype auto at float32 on a CPU."""
+    compile = False
+    if cfg is not None:
+        device, dtype, seed, compile, ddp_timeout = cfg.device, cfg.dtype, cfg.seed, cfg.compile, cfg.ddp_timeout
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    p = choose(probe(local_rank), device, dtype, compile, training, local_rank)
+    rt = Runtime(p, torch.amp.GradScaler(p.device_type, enabled=p.loss_scaling), rank, local_rank, world_size)
+    if rt.device_type == "cuda":
+        torch.cuda.set_device(rt.device)
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls: ~free speed on Ampere+
+        torch.backends.cudnn.allow_tf32 = True
+        rt.peak_flops = peak_flops(torch.cuda.get_device_name(rt.device))
+    if rt.ddp:
+        _join_process_group(rt.device, ddp_timeout)
+    if seed is not None:
+        seed_everything(seed + rank)
+    if cfg is not None:
+        rt.attention = attention_kernel(cfg, rt)
+    return rt
+
+
+def trainable(model: torch.nn.Module, rt: Runtime, example: tuple[torch.Tensor, torch.Tensor]) -> torch.nn.Module:
+    """`model` for the training step: compiled when the run says so, DDP-wrapped under torchrun.
+    One forward and backward on `example` compiles it now, leaving no gradients and the RNGs as
+    they were; if that fails, one line says why and the run goes on uncompiled (same numbers)."""
+    module = model
+    if rt.choices.compile:
+        when, rng = "wrapping the model", capture_rng_state()
+        try:
+            module = torch.compile(model)
+            when = "in the first step"
+            with rt.autocast():
+                module(*example)[1].backward()
+        except Exception as e:  # a bug fails again, uncompiled, in the first step, with its traceback
+            module = model
+            while (inner := e.__cause__ or getattr(e, "inner_exception", None)) is not None:
+                e = inner  # torch wraps the compiler's own error (BackendCompilerFailed): name that one
+            if rt.is_master:
+                print(f"note: torch.compile failed {when} ({type(e).__name__}: {first_line(e)}); continuing uncompiled")
+        model.zero_grad(set_to_none=True)
+        restore_rng_state(rng)
+    if not rt.ddp:
+        return module
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(module, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Every RNG a training step can touch, as tensors/lists (weights_only-safe)."""
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(mt), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(mt), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = state.get("cuda")
+    # a checkpoint moved to a machine with a different GPU count keeps the other RNGs as seeded
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([t.cpu() for t in cuda])
