@@ -260,7 +260,8 @@ def run(args: argparse.Namespace) -> None:
     check_args(args)
     stops = [unescape(s) for s in args.stop]
     prompts = read_prompts(args)
-    rt = setup(device=args.device, dtype=args.dtype, seed=None, training=False)
+    device = "cpu" if args.quantize == "int8" and args.device == "auto" else args.device  # int8 is CPU-only
+    rt = setup(device=device, dtype=args.dtype, seed=None, training=False)
     model, tok = load(args)
     model.to(rt.device)
     if rt.device_type == "cpu" and (threads := cpu_threads(args.threads, model.config.n_embd)):

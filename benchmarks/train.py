@@ -2,7 +2,7 @@
 
     python -m benchmarks train --config small --iters 200        # the real recipe (Muon, RoPE)
     python -m benchmarks train --config small --impl both --iters 200 --override pos_emb=learned optimizer=adamw activation=gelu
-    python -m benchmarks train --config shakespeare_gpu --impl both --override dropout=0   # GPU; compiles
+    python -m benchmarks train --config shakespeare_gpu --impl both --override dropout=0 optimizer=adamw   # GPU; compiles
 
 Data loading is not timed (up to 64 micro-batches are drawn up front); with --impl both the
 two take turns of --block steps, so load drift hits both alike.

@@ -91,6 +91,8 @@ class TrainConfig:
     dtype: Dtype = _field("auto", "autocast; auto: bfloat16 on GPUs that have it (else float16 with a grad "
                           "scaler) and on CPUs with bf16 instructions, else float32")
     compile: bool = _field(False, "torch.compile the model (slow start, faster steps on GPU)")
+    deterministic: bool = _field(False, "bit-identical repeats on a GPU too: deterministic kernels only (slower); "
+                                 "CPU runs already repeat exactly")
     threads: int = _field(0, "CPU threads for torch; 0 = torch's default (all cores)")
     seed: int = _field(1337, "seed of every random stream (each DDP rank adds its rank)")
     ddp_timeout: float = _field(600.0, "seconds a process waits for the others; then a hung or stopped one "

@@ -113,7 +113,7 @@ def test_train_both_against_plain_pytorch(capsys, data_root):
 
 def test_train_gpu_config_on_cpu(capsys, data_root, eager_compile):
     """No GPU here: the GPU config shrunk, its compile on (through the identity)."""
-    lines = bench(capsys, "python -m benchmarks train --config shakespeare_gpu --impl both --override dropout=0",
+    lines = bench(capsys, "python -m benchmarks train --config shakespeare_gpu --impl both --override dropout=0 optimizer=adamw",
                   "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "2",
                   "--iters", "2", "--warmup", "0", "--device", "cpu", "--data-root", str(data_root))
     assert [r.get("impl") for r in lines] == ["ours", "plain", None] and all(r["compile"] for r in lines[:2])

@@ -108,3 +108,17 @@ def test_muon_takes_the_steps_of_torch_optim_muon():
             opt.step()
     for a, b, p0 in zip(ours, theirs, start):  # both orthogonalize in bf16: a few % apart, not O(1)
         assert (a - b).norm() < 0.05 * (b - p0).norm()
+
+
+def test_shakespeare_gpu_schedule_warms_up_holds_then_decays_to_zero_at_its_last_step():
+    """The GPU recipe measured on an H100 (docs/gpu.md): 100 warmup steps, the peak until 20% of the
+    rest is done, then linear to 0 at step 1000."""
+    from train import schedule_progress
+
+    cfg = load_config("shakespeare_gpu")
+    lr = {s: lr_multiplier(s, schedule_progress(s, cfg, None), cfg) for s in (0, 99, 100, 280, 640, 999, 1000)}
+    assert (cfg.optimizer, cfg.max_iters, cfg.lr, cfg.muon_lr, cfg.min_lr) == ("muon", 1000, 2e-2, 0.02, 0.0)
+    assert lr[0] == pytest.approx(1 / 101) and lr[99] == pytest.approx(100 / 101)
+    assert lr[100] == pytest.approx(1.0) and lr[280] == pytest.approx(1.0) and lr[640] == pytest.approx(0.5)
+    assert lr[1000] == pytest.approx(0.0, abs=1e-12)
+    assert 0 < lr[999] < 0.002

@@ -103,7 +103,7 @@ def test_show_attention_writes_a_png(tmp_path, capsys):
 def test_padded_model_vocab_never_samples_the_padding_ids(tmp_path, capsys, quantize):
     run = make_run(tmp_path, vocab=128)  # 65 chars padded to a multiple of 64
     argv = ["--ckpt", str(run), "--prompt", "A", "--max-new-tokens", "200", "--temperature", "2", "--seed", "0",
-            "--quantize", quantize]  # int8: the padding mask's hook must survive the swapped head
+            "--quantize", quantize, "--device", "cpu"]  # int8 is CPU-only; its padding hook must survive the swap
     assert sample.main(argv) == 0  # an id >= 65 would fail to decode
     assert len(capsys.readouterr().out) == 1 + 200 + 1
 
@@ -202,7 +202,7 @@ def test_cli_prints_each_sample_of_each_prompt_under_its_header(tmp_path, capsys
     run = make_run(tmp_path)
     model, n = sample.load(sample.parse_args(["--ckpt", str(run)]))[0], 6
     alone = {p: sample.generate_texts(model, TOK, [TOK.encode(p)], n, temperature=0)[0] for p in ("ROMEO:", "Ay")}
-    argv = ["--ckpt", str(run), "--max-new-tokens", str(n), "--seed", "0", "--batch-size", "3"]
+    argv = ["--ckpt", str(run), "--max-new-tokens", str(n), "--seed", "0", "--batch-size", "3", "--device", "cpu"]
     for narrow in (["--top-k", "1"], ["--top-p", "0.001"]):  # only the likeliest token: greedy, whatever the draw
         assert sample.main([*argv, *narrow, "--prompt", "ROMEO:", "--prompt", "Ay", "--num-samples", "2"]) == 0
         assert capsys.readouterr().out == "".join(

@@ -64,11 +64,13 @@ def probe(local_rank: int = 0) -> Machine:
     common = dict(mps=torch.backends.mps.is_available(), cpu_bf16=cpu_bf16)
     if not torch.cuda.is_available():
         return Machine(**common)
-    cap = torch.cuda.get_device_capability(local_rank)
+    # A --device cpu job may start more processes than there are GPUs: describe the first one then.
+    index = local_rank if local_rank < torch.cuda.device_count() else 0
+    cap = torch.cuda.get_device_capability(index)
     # What torch.cuda.is_bf16_supported(including_emulation=False) checks, without making the
     # device current (a CUDA context costs memory even on a --device cpu run).
     bf16 = torch.version.hip is not None or cap >= (8, 0)
-    return Machine(gpu=torch.cuda.get_device_name(local_rank), capability=cap, gpu_bf16=bf16,
+    return Machine(gpu=torch.cuda.get_device_name(index), capability=cap, gpu_bf16=bf16,
                    triton=importlib.util.find_spec("triton") is not None, **common)
 
 
@@ -149,6 +151,7 @@ class Runtime:
     world_size: int = 1
     peak_flops: float | None = None  # per device
     attention: str = ""  # the kernel torch picks for the training step's attention, when known
+    deterministic: bool = False  # --deterministic: kernels that give the same bits every run
 
     device = property(lambda self: self.choices.device)
     device_type = property(lambda self: self.choices.device_type)  # "cuda", "mps", "cpu": for torch.autocast
@@ -195,7 +198,7 @@ class Runtime:
         dtype = str(p.dtype).removeprefix("torch.") + (" + loss scaling" if p.loss_scaling else "")
         compiled = "compile on" if p.compile else f"compile off: {p.compile_off}" if p.compile_off else "compile off"
         parts = [f"{where} {p.name}".strip(), dtype, "fused AdamW" if p.fused_adamw else "AdamW (not fused)",
-                 self.attention, compiled]
+                 self.attention, compiled, "deterministic" if self.deterministic else ""]
         return ", ".join(part for part in parts if part)
 
 
@@ -251,6 +254,8 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
         device, dtype, seed, compile, ddp_timeout = cfg.device, cfg.dtype, cfg.seed, cfg.compile, cfg.ddp_timeout
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        if cfg.deterministic:  # cuBLAS's fixed workspace, before any matmul: torch's reproducibility notes
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     p = choose(probe(local_rank), device, dtype, compile, training, local_rank)
@@ -266,6 +271,8 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
         seed_everything(seed + rank)
     if cfg is not None:
         rt.attention = attention_kernel(cfg, rt)
+        rt.deterministic = cfg.deterministic
+        torch.use_deterministic_algorithms(cfg.deterministic)  # an op without such a kernel then raises
     return rt
 
 
