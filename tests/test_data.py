@@ -404,3 +404,21 @@ def test_split_too_short_for_block_size(token_file):
             make()
 
 
+
+
+def test_loader_edges_and_its_draws_exactly(tmp_path, token_file):
+    """A split of exactly block_size + 1 tokens is one window; block_size 1 and batch_size 1 work;
+    "random" draws starts from numpy's generator seeded by (seed, 0, step) over every window, the
+    first included; "epoch" visits every whole window of a split that is an exact multiple."""
+    path = tmp_path / "t.bin"
+    write_tokens(path, np.arange(9), vocab_size=16)
+    assert BatchLoader(path, block_size=8, batch_size=1).next_batch()[0].tolist() == [list(range(8))]
+    x, y = BatchLoader(path, block_size=1, batch_size=3, seed=5).next_batch()
+    assert x.shape == (3, 1) and torch.equal(y, x + 1)
+    loader, data = BatchLoader(token_file, block_size=16, batch_size=64, seed=7), np.asarray(read_tokens(token_file))
+    for step in range(3):
+        want = np.random.default_rng([7, 0, step]).integers(0, 5000 - 16, size=64)
+        assert [_start_of(data, row) for row in loader.next_batch()[0]] == want.tolist()
+    write_tokens(path, np.arange(4 * 2 + 1), vocab_size=16)  # 4 windows of 2, and the last target
+    epoch = BatchLoader(path, block_size=2, batch_size=4, sampling="epoch")
+    assert sorted(epoch.next_batch()[0][:, 0].tolist()) == [0, 2, 4, 6]

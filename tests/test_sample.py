@@ -334,3 +334,38 @@ def test_cli_end_to_end_subprocess(tmp_path):
                        capture_output=True, text=True, timeout=120, env=ENV)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and "python train.py --config small" in r.stderr
+
+def test_generation_ends_once_every_row_has_produced_eos_and_a_finished_row_repeats_it():
+    model = tiny_model()
+    prompts = torch.tensor([[1, 2, 3], [7, 5, 9]])
+    free = torch.stack(list(model.generate(prompts, 24, temperature=0)))  # (24, 2), no eos
+    eos, k = int(free[5, 0]), int((free[:, 0] == free[5, 0]).nonzero()[0])  # row 0's token at step 5, first seen at k
+    alone = torch.stack(list(model.generate(prompts[:1], 24, temperature=0, eos_id=eos)))
+    assert alone.tolist() == free[: k + 1, :1].tolist()  # ends at once, with the eos
+    both = torch.stack(list(model.generate(prompts, 24, temperature=0, eos_id=eos)))
+    assert (both[k:, 0] == eos).all() and both[: k + 1, 0].tolist() == free[: k + 1, 0].tolist()
+    ends = (free[:, 1] == eos).nonzero()
+    assert len(both) == (int(ends[0]) + 1 if len(ends) and int(ends[0]) >= k else 24)  # when row 1 is done too
+
+
+def test_a_recompile_limit_falls_back_to_eager_steps_with_the_same_tokens(monkeypatch):
+    """Past dynamo's recompile limit (a 9th shape in a process) the compiled call raises; decoding
+    goes on one eager step at a time and draws the same tokens."""
+    import model.kv_cache
+
+    calls = []
+
+    def over_the_limit():
+        def step(*args):
+            calls.append(1)
+            raise torch._dynamo.exc.FailOnRecompileLimitHit("recompile limit")
+        return step
+
+    monkeypatch.setattr(model.kv_cache, "compiled_decode_steps", over_the_limit)
+    m, x = tiny_model(), torch.tensor([[1, 2, 3], [4, 5, 6]])
+    for temperature in (0, 0.8):
+        kw = dict(temperature=temperature, generator=torch.Generator().manual_seed(3))
+        eager = torch.stack(list(m.generate(x, 20, **kw)))
+        kw["generator"] = torch.Generator().manual_seed(3)
+        assert torch.equal(torch.stack(list(m.generate(x, 20, compile=True, **kw))), eager)
+    assert len(calls) == 2  # once a generate(): then eager to its end
