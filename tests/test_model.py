@@ -384,3 +384,18 @@ def test_kv_cache_lives_on_the_device_and_dtype_it_is_given():
     assert {t.device.type for t in tensors} == {"meta"} and cache.pos == 3 and cache.max_len == 8
     assert [t.dtype for t in tensors] == [torch.float16] * 4 + [torch.bool, torch.long]
     assert [tuple(t.shape) for t in tensors[:5]] == [(2, 2, 8, 8)] * 4 + [(2, 8)]
+
+
+@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
+def test_positions_reach_the_logits(pos_emb):
+    """Without positions, attention sees a prefix as a bag of tokens: "aba" and "baa" would end in
+    the same logits (one layer: a causal stack of several tells them apart by itself). Learned
+    positions and rotary ones tell them apart."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16, pos_emb=pos_emb)).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # sharper than the 0.02 init, so attention is far from uniform
+            if p.dim() == 2:
+                p.normal_(0.0, 0.5)
+        logits = model(torch.tensor([[1, 2, 1], [2, 1, 1]]))[0][:, -1]
+    assert (logits[0] - logits[1]).abs().max() > 1e-2
