@@ -399,3 +399,18 @@ def test_positions_reach_the_logits(pos_emb):
                 p.normal_(0.0, 0.5)
         logits = model(torch.tensor([[1, 2, 1], [2, 1, 1]]))[0][:, -1]
     assert (logits[0] - logits[1]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "explicit"])
+def test_cross_attention_equals_the_per_head_oracle_over_the_context(impl):
+    """Queries from x, keys and values from the context, every bias random (they start at zero)."""
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(dataclasses.replace(tiny(), attention=impl)).eval()
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_(0.0, 0.3)
+    ref = MultiHeadAttention.from_fused(attn).eval()
+    for head in ref.heads:
+        head.causal_mask = None  # cross-attention is not causal
+    x, ctx = torch.randn(2, 5, 16), torch.randn(2, 9, 16)
+    torch.testing.assert_close(attn(x, context=ctx), ref(x, ctx, ctx), atol=1e-5, rtol=1e-4)
