@@ -414,3 +414,14 @@ def test_cross_attention_equals_the_per_head_oracle_over_the_context(impl):
         head.causal_mask = None  # cross-attention is not causal
     x, ctx = torch.randn(2, 5, 16), torch.randn(2, 9, 16)
     torch.testing.assert_close(attn(x, context=ctx), ref(x, ctx, ctx), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "explicit"])
+def test_attention_dropout_acts_while_training_only(impl):
+    """The attention weights' own dropout, on either path (the output's dropout taken away)."""
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(dataclasses.replace(tiny(), attention=impl, dropout=0.5))
+    attn.resid_dropout = torch.nn.Identity()
+    x = torch.randn(2, 8, 16)
+    assert not torch.allclose(attn.train()(x), attn(x))  # two draws of the mask
+    torch.testing.assert_close(attn.eval()(x), attn(x))
