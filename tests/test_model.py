@@ -425,3 +425,16 @@ def test_attention_dropout_acts_while_training_only(impl):
     x = torch.randn(2, 8, 16)
     assert not torch.allclose(attn.train()(x), attn(x))  # two draws of the mask
     torch.testing.assert_close(attn.eval()(x), attn(x))
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_the_switches_build_what_they_name(norm):
+    """--no-bias leaves no bias anywhere; the norm is the one named, with the config's eps."""
+    from model.layers import RMSNorm
+
+    model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16, bias=False, norm=norm,
+                          norm_eps=1e-3))
+    assert [n for n, _ in model.named_parameters() if n.endswith("bias")] == []
+    norms = [m for m in model.modules() if isinstance(m, (torch.nn.LayerNorm, RMSNorm))]
+    assert len(norms) == 3 and all(type(m) is (RMSNorm if norm == "rmsnorm" else torch.nn.LayerNorm) for m in norms)
+    assert all(m.eps == 1e-3 for m in norms)
