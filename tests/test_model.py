@@ -433,8 +433,10 @@ def test_the_switches_build_what_they_name(norm):
     from model.layers import RMSNorm
 
     model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16, bias=False, norm=norm,
-                          norm_eps=1e-3))
+                          norm_eps=1e-3, qk_norm=True))
     assert [n for n, _ in model.named_parameters() if n.endswith("bias")] == []
-    norms = [m for m in model.modules() if isinstance(m, (torch.nn.LayerNorm, RMSNorm))]
+    norms = [m for n, m in model.named_modules() if isinstance(m, (torch.nn.LayerNorm, RMSNorm)) and ".attn." not in n]
     assert len(norms) == 3 and all(type(m) is (RMSNorm if norm == "rmsnorm" else torch.nn.LayerNorm) for m in norms)
+    attn = model.transformer.h[0].attn
+    assert isinstance(attn.q_norm, RMSNorm) and isinstance(attn.k_norm, RMSNorm)  # qk_norm: per head, always RMS
     assert all(m.eps == 1e-3 for m in norms)
