@@ -33,7 +33,7 @@ from typing import Any, Literal
 import torch
 
 from configs import Device, Dtype
-from configs.cli import ArgumentParser, argument, integer, number
+from configs.cli import ArgumentParser, argument, integer, number, seed
 from configs.errors import UserError, entry_point
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -219,7 +219,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--top-k", type=integer, help="keep only the k most likely tokens (default: all)")
     p.add_argument("--top-p", type=number, help="keep the smallest set of tokens with this much probability "
                                                 "(default: all)")
-    p.add_argument("--seed", type=integer, help="same seed, same text (default: random)")
+    p.add_argument("--seed", type=seed, help="same seed, same text (default: random)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="end a sample after this text (repeatable)")
     p.add_argument("--batch-size", type=integer, default=32, help="most rows decoded at once")

@@ -13,14 +13,16 @@
     python train.py --config small --help           # every option, with small's values as defaults
 
 A run writes out/<config>/: ckpt.pt (the latest), best.pt (the lowest val loss), config.json,
-manifest.json, metrics.jsonl and loss.png. Ctrl-C or SIGTERM saves and exits 130 or 143 (Ctrl-C
-twice: at once, unsaved); a nan/inf loss stops without saving and exits 2, as bad options do.
+manifest.json, metrics.jsonl and loss.png. Ctrl-C, SIGTERM, SIGUSR1 or SIGHUP saves and exits 128 + the
+signal's number (Ctrl-C twice: at once, unsaved); a nan/inf loss stops without saving and exits 2, as bad
+options do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import signal
 import sys
 import time
 from typing import Any
@@ -36,13 +38,9 @@ from model.checkpoint import BEST_NAME, CKPT_NAME, keep_best
 from training.budget import StopSignal, TimeBudget
 from training.optim import lr_multiplier, set_lr
 from training.plan import DEFAULT_MFU, plan_report
-from training.run import (Run, eval_only, evaluate, final_estimate, lock_run_dir, sample_text, save, start_run,
-                          vocab_size)
+from training.run import (Run, diverged, eval_only, evaluate, final_estimate, lock_run_dir, sample_text, save,
+                          start_run, vocab_size)
 from training.runtime import Runtime, setup
-
-
-class TrainingDiverged(UserError):
-    """The loss became nan/inf; carries the user-facing advice."""
 
 
 def forward_backward(train_model: torch.nn.Module, loader: GlobalBatchLoader, rt: Runtime) -> torch.Tensor:
@@ -98,7 +96,7 @@ def evaluate_on_every_rank(run: Run) -> dict[str, float]:
     if rt.ddp:
         torch.distributed.broadcast(val, src=0)  # also the barrier: the others wait for rank 0
     if not math.isfinite(val.item()):
-        raise TrainingDiverged(diverged(run, f"val loss became {val.item()} at step {run.state.step}"))
+        raise diverged(run, f"val loss became {val.item()} at step {run.state.step}")
     return losses
 
 
@@ -120,12 +118,6 @@ def record_eval(run: Run, losses: dict[str, float], saved: bool) -> None:
                f"{' (best)' if improved else ''}{', saved' if saving or saved else ''}")
     if note := log.off_reference(st.step, losses):  # clearly outside the seeds' band: say so, go on
         tqdm.write(note)
-
-
-def diverged(run: Run, what: str) -> str:
-    st, path = run.state, run.run_dir / CKPT_NAME
-    kept = f"the last good checkpoint is {path} (step {st.saved_at})" if st.saved_at else "this run saved no checkpoint"
-    return f"{what}; stopped without saving, {kept}; try a lower --lr, --grad-clip 1.0 or --dtype float32"
 
 
 def schedule_progress(step: int, cfg: TrainConfig, budget: TimeBudget | None) -> float:
@@ -180,7 +172,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 run.train_model = None  # the DDP wrapper holds the process group: rt.close() ends it
                 if run.log is not None:
                     run.log.plot()  # a crash or nan: still draw what was logged
-                    run.log.close(exit_code=EXIT_CODES.get(stopped, 0) if stopped else 1)  # None: it failed
+                    run.log.close(exit_code=exit_code(stopped) if stopped else 1)  # None: it failed
             return finish(run, stopped, t_start)
     finally:
         rt.close()
@@ -206,7 +198,7 @@ def loop(run: Run, stop: StopSignal, t_start: float) -> str:
             loss, signalled, late = agree(rt, loss, stop.name is not None, late)
             if not math.isfinite(loss):
                 run.optimizer.zero_grad(set_to_none=True)
-                raise TrainingDiverged(diverged(run, f"loss became {loss} at step {st.step + 1}"))
+                raise diverged(run, f"loss became {loss} at step {st.step + 1}")
             grad_norm = optimizer_step(run.model, run.optimizer, rt, cfg.grad_clip)
             st.step += 1
             window.append((loss, time.perf_counter() - t0))
@@ -222,11 +214,14 @@ def loop(run: Run, stop: StopSignal, t_start: float) -> str:
             if st.step % cfg.eval_interval == 0 and st.step < cfg.max_iters:
                 eval_and_save(run, budget)
     if st.evaluated_at != st.step or st.saved_at != st.step:
-        eval_and_save(run, budget, save_first=stopped in EXIT_CODES)
+        eval_and_save(run, budget, save_first=stopped.startswith("SIG"))
     return stopped
 
 
-EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "quit": 130}  # 128 + the signal's number
+def exit_code(stopped: str) -> int:
+    """A shell's code for a stop by signal: 128 + its number (quit, a second Ctrl-C: SIGINT's); else 0."""
+    name = "SIGINT" if stopped == "quit" else stopped
+    return 128 + signal.Signals[name] if name in signal.Signals.__members__ else 0
 
 
 def finish(run: Run, stopped: str, t_start: float) -> dict[str, Any]:
@@ -275,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         result = train(cfg)
     except KeyboardInterrupt:  # a second Ctrl-C before training started
         print("\nquit before training started; nothing was saved", file=sys.stderr)
-        return EXIT_CODES["quit"]
-    return EXIT_CODES.get(result["stopped"], 0)
+        return exit_code("quit")
+    return exit_code(result["stopped"])
 
 
 if __name__ == "__main__":

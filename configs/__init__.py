@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
-from .cli import ArgumentParser, argument, closest, converter, integer
+from .cli import ArgumentParser, argument, closest, converter, integer, seed
 from .errors import UserError
 from .model import GPTConfig
 
@@ -197,6 +197,8 @@ def config_file(path: Path) -> TrainConfig:
         raise UserError(f"cannot read config file {path}: {e}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected an object of TrainConfig fields, got {type(data).__name__}")
+    if path.suffix == ".json":  # a run's settings, not its place: training again must not write into it
+        data = {k: v for k, v in data.items() if k not in ("out_dir", "resume")}
     base = named_config(str(data.pop("base"))) if "base" in data else BASE
     values = {}
     for key, value in data.items():
@@ -230,7 +232,7 @@ def micro_batch(value: Any) -> int:
     return 0 if str(value).lower() == "auto" else integer(value)
 
 
-_CONVERTERS = {"batch_size": micro_batch}  # fields that take more than their type's values
+_CONVERTERS = {"batch_size": micro_batch, "seed": seed}  # fields whose values are not all their type's
 
 
 def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig) -> None:
@@ -244,7 +246,8 @@ def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig)
         if f.metadata["section"] not in ("", group.title):
             group = parser.add_argument_group(f.metadata["section"])
         special = _CONVERTERS.get(f.name)
-        kind = {"type": special, "metavar": "INT|auto"} if special else argument(_TYPES[f.name])
+        kind = {"type": special, "metavar": "INT|auto" if special is micro_batch else "INT"} if special \
+            else argument(_TYPES[f.name])
         group.add_argument(f"--{f.name.replace('_', '-')}", default=getattr(base, f.name),
                            help=f.metadata["help"], **kind)
 

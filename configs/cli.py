@@ -45,6 +45,14 @@ def integer(value: Any) -> int:
         raise argparse.ArgumentTypeError(f"expects an integer, got {value!r}") from None
 
 
+def seed(value: Any) -> int:
+    """A seed in [0, 2**32): torch's CPU generator keeps 32 bits of it, so 2**32 would repeat 0."""
+    n = integer(value)
+    if not 0 <= n < 2**32:
+        raise argparse.ArgumentTypeError(f"expects a seed from 0 to 2**32 - 1 (torch keeps 32 bits), got {value!r}")
+    return n
+
+
 def number(value: Any) -> float:
     try:
         if isinstance(value, bool):

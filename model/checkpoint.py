@@ -101,6 +101,9 @@ def model_from_checkpoint(ckpt: dict[str, Any], where: str | Path, **overrides: 
     except (TypeError, KeyError, RuntimeError, AttributeError) as e:
         raise UserError(f"checkpoint {where}: weights do not match its model_config ({first_line(e)}); "
                         "the file is damaged or from another project") from None
+    if bad := [name for name, p in model.named_parameters() if not p.isfinite().all()]:
+        raise UserError(f"checkpoint {where} holds nan/inf weights ({bad[0]}, {len(bad)} tensors in all): it "
+                        "diverged before it was saved; use an earlier checkpoint or train again")
     return model
 
 

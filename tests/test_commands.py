@@ -8,6 +8,7 @@ must be; torchrun runs 2 CPU processes. benchmarks/ has its own (tests/test_benc
 """
 
 import ast
+import contextlib
 import gzip
 import io
 import json
@@ -22,7 +23,9 @@ import pytest
 
 import sample
 import train
-from configs import available_configs
+from configs import available_configs, parse_config
+from configs.cli import ArgumentParser
+from configs.errors import UserError
 from conftest import hf_tiny
 from data.prepare import main as prepare_main
 from data.prepare import prepare
@@ -190,6 +193,9 @@ def run(command: str, shrink: bool, data_root: Path, capsys, monkeypatch) -> tup
         return done.returncode, done.stdout + done.stderr
     script, args = (argv[2], argv[3:]) if argv[1] == "-m" else (argv[1], argv[2:])
     if script == "train.py":
+        if not {"--resume", "--eval-only", "--plan", "--help"} & set(args):  # a new run: train.py will not
+            with contextlib.suppress(UserError):  # overwrite one; a command shown failing fails below
+                shutil.rmtree(parse_config(ArgumentParser(), args)[0].run_dir, ignore_errors=True)
         shrunk = EVAL if "--eval-only" in args else TINY if shrink and "--batch-size" not in args else []
         code = train.main([*args, *shrunk, "--data-root", str(data_root)])
     elif script == "sample.py":

@@ -181,3 +181,101 @@ def test_ddp_a_stop_signal_to_one_process_stops_both_at_the_same_step(two_proces
     assert f"stopped at step {step} (SIGTERM)" in output(0) and step == max(
         json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines())
     assert "Traceback" not in output(0) + output(1)
+
+
+def test_a_stop_after_the_weights_blew_up_keeps_the_last_good_checkpoint(tmp_path, data_root, monkeypatch, capsys):
+    step, forward_backward = train.optimizer_step, train.forward_backward
+    calls = []
+
+    def preempted(*a):  # the signal lands in step 3, whose loss is still finite...
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return forward_backward(*a)
+
+    def blow_up(model, *a):  # ...and whose update makes the weights inf
+        norm = step(model, *a)
+        if len(calls) == 3:
+            with torch.no_grad():
+                next(model.parameters()).fill_(float("inf"))
+        return norm
+
+    monkeypatch.setattr(train, "forward_backward", preempted)
+    monkeypatch.setattr(train, "optimizer_step", blow_up)
+    line = fails(capsys, train.main, args(tmp_path, data_root, "--max-iters", "6", "--eval-interval", "2"))
+    assert f"the weights became nan/inf at step 3; stopped without saving, the last good checkpoint is " \
+           f"{tmp_path / 'ckpt.pt'} (step 2)" in line
+    assert load_checkpoint(tmp_path)["step"] == 2
+
+
+def test_a_checkpoint_with_nan_weights_is_one_line_wherever_it_is_loaded(tmp_path, data_root, capsys):
+    run = tmp_path / "run"
+    assert train.main(args(run, data_root)) == 0
+    for name in ("ckpt.pt", "best.pt"):
+        ckpt = torch.load(run / name, weights_only=True)
+        ckpt["model"]["transformer.h.0.mlp.c_fc.weight"][0, 0] = float("nan")
+        torch.save(ckpt, run / name)
+    for main, argv in [(sample.main, ["--ckpt", str(run), "--max-new-tokens", "3"]),
+                       (train.main, args(run, data_root, "--eval-only")),
+                       (train.main, args(run, data_root, "--resume", "--max-iters", "4")),
+                       (train.main, args(tmp_path / "ft", data_root, "--init-from", str(run)))]:
+        assert "holds nan/inf weights (transformer.h.0.mlp.c_fc.weight, 1 tensors in all)" in fails(capsys, main, argv)
+
+
+def test_a_fresh_run_over_a_trained_one_is_refused(tmp_path, data_root, capsys):
+    assert train.main(args(tmp_path, data_root)) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    line = fails(capsys, train.main, args(tmp_path, data_root, "--max-iters", "1"))
+    assert f"{tmp_path} holds a trained run; continue it with --resume, or start over in another --out-dir" in line
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+def test_a_run_dir_as_config_gives_its_settings_not_its_place(tmp_path, data_root, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert train.main(args(a, data_root)) == 0
+    assert train.main(args(a, data_root, "--resume", "--max-iters", "3")) == 0  # its config.json: resume true
+    before = (a / "ckpt.pt").read_bytes()
+    assert train.main(["--config", str(a), "--out-dir", str(b), "--max-iters", "1"]) == 0  # not resumed from b
+    assert load_checkpoint(b)["step"] == 1 and load_config(str(a)).out_dir == "out/tiny"
+    assert (a / "ckpt.pt").read_bytes() == before
+
+
+@pytest.mark.parametrize("link", [".lock", "metrics.jsonl"])
+def test_links_in_the_out_dir_are_refused_not_followed(tmp_path, data_root, capsys, link):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "elsewhere").write_text("someone's file")
+    (tmp_path / "run" / link).symlink_to(tmp_path / "elsewhere")
+    line = fails(capsys, train.main, args(tmp_path / "run", data_root))
+    assert f"holds symbolic links ({link}); a run writes only inside its out dir" in line
+    assert (tmp_path / "elsewhere").read_text() == "someone's file"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGHUP])
+def test_a_schedulers_warning_and_a_closed_terminal_stop_and_save(tmp_path, data_root, monkeypatch, capsys, sig):
+    forward_backward, calls = train.forward_backward, []
+
+    def signalled(*a):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), sig)  # SLURM's --signal=USR1@60, or the terminal closing, during step 3
+        return forward_backward(*a)
+
+    monkeypatch.setattr(train, "forward_backward", signalled)
+    assert train.main(args(tmp_path, data_root, "--max-iters", "6")) == 128 + sig
+    assert load_checkpoint(tmp_path)["step"] == 3
+    assert f"stopped at step 3 ({sig.name})" in capsys.readouterr().out
+
+
+def test_eval_only_on_data_of_another_tokenizer_is_refused(tmp_path, data_root, capsys):
+    root = tmp_path / "prepared"
+    root.mkdir()
+    prepare_text(root, "tilde", SHAKESPEARE.replace("$", "~"))  # 65 characters too, one of them another
+    assert train.main(args(tmp_path / "run", data_root)) == 0
+    line = fails(capsys, train.main, args(tmp_path / "run", root, "--dataset", "tilde", "--eval-only"))
+    assert "was trained with another vocabulary than dataset tilde's" in line
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32), str(2**64)])
+def test_seeds_torch_would_cut_to_32_bits_are_refused(tmp_path, data_root, capsys, seed):
+    assert "expects a seed from 0 to 2**32 - 1" in fails(capsys, train.main, args(tmp_path, data_root, "--seed", seed))
+    assert "expects a seed from 0 to 2**32 - 1" in fails(capsys, sample.main, ["--seed", seed])

@@ -22,6 +22,7 @@ from configs.errors import UserError
 from data import tokenizer_from_manifest
 from model import GPT, GPTConfig
 from model.checkpoint import load_checkpoint, load_model
+from training.run import TrainingDiverged
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,7 +67,7 @@ def test_exact_resume_then_sample(tmp_path, data_root):
     assert (tmp_path / "full" / "loss.png").read_bytes()[:4] == b"\x89PNG"
     # --config <run dir> reads the config.json the run wrote: the same settings, vocab_size resolved
     ran = tiny(tmp_path / "full", data_root, *argv, "--max-iters", "20")
-    assert load_config(str(tmp_path / "full")) == replace(ran, vocab_size=65)
+    assert load_config(str(tmp_path / "full")) == replace(ran, vocab_size=65, out_dir="out/tiny")
 
     model, ckpt = load_model(tmp_path / "full")
     tok = tokenizer_from_manifest(ckpt["manifest"])
@@ -116,7 +117,7 @@ def test_nan_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_root, monke
         return logits, loss
 
     monkeypatch.setattr(GPT, "forward", poisoned)
-    with pytest.raises(train.TrainingDiverged, match=r"loss became nan at step 13.*last good checkpoint.*step 10"):
+    with pytest.raises(TrainingDiverged, match=r"loss became nan at step 13.*last good checkpoint.*step 10"):
         train.train(tiny(tmp_path, data_root, "--eval-interval", "5"))
     ckpt = load_checkpoint(tmp_path)
     assert ckpt["step"] == 10 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
@@ -361,7 +362,7 @@ def test_best_pt_keeps_the_lowest_val_while_ckpt_pt_is_the_latest(tmp_path, data
 
 def test_a_non_finite_val_loss_stops_before_saving(tmp_path, data_root, monkeypatch):
     scripted_evals(monkeypatch, [4.0, 3.0, float("nan")])
-    with pytest.raises(train.TrainingDiverged, match=r"val loss became nan at step 10.*last good checkpoint.*step 5"):
+    with pytest.raises(TrainingDiverged, match=r"val loss became nan at step 10.*last good checkpoint.*step 5"):
         train.train(tiny(tmp_path, data_root, "--eval-interval", "5"))
     assert load_checkpoint(tmp_path)["step"] == 5 and load_checkpoint(tmp_path, best=True)["step"] == 5
 
@@ -385,7 +386,7 @@ def test_sigterm_saves_before_it_evaluates(tmp_path, data_root, monkeypatch):
 
 def test_changed_lr_takes_effect_on_resume(tmp_path, data_root):
     train.train(tiny(tmp_path, data_root, "--max-iters", "10"))
-    with pytest.raises(train.TrainingDiverged, match="loss became"):  # lr 1e3 diverges within steps
+    with pytest.raises(TrainingDiverged, match="loss became"):  # lr 1e3 diverges within steps
         train.train(tiny(tmp_path, data_root, "--max-iters", "60", "--resume", "--lr", "1e3", "--min-lr", "1e3",
                          "--grad-clip", "0"))
 

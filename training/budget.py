@@ -62,11 +62,17 @@ class TimeBudget:
         return self.clock() - self.started + self.step_time() + self.reserve() > self.limit
 
 
+# Each asks the run to stop and keep its work: Ctrl-C, a kill or a scheduler's end (SIGTERM),
+# SLURM's warning ahead of the time limit (--signal=USR1@...), a closed terminal (SIGHUP).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+
+
 class StopSignal:
-    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves, evaluates and exits.
+    """A stop signal sets a flag; the loop finishes its step, saves, evaluates and exits.
 
     A second Ctrl-C quits at once (single process only: under torchrun every worker gets the
-    signal from the terminal and again from torchrun, which must not count as a second press)."""
+    signal from the terminal and again from torchrun, which must not count as a second press).
+    Any other second signal (SIGTERM after SLURM's SIGUSR1) lets the save finish."""
 
     def __init__(self, escalate: bool) -> None:
         self.name: str | None = None
@@ -75,12 +81,12 @@ class StopSignal:
 
     def __enter__(self) -> StopSignal:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 self.previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.name and self.escalate:
+        if self.name and self.escalate and signum == signal.SIGINT:
             raise KeyboardInterrupt
         if not self.name:
             self.name = signal.Signals(signum).name

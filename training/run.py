@@ -42,17 +42,17 @@ def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -
 
     Weights from a checkpoint or a pretrained model bring their architecture (cfg's model fields
     are updated to match and the difference is printed); dropout always comes from cfg."""
-    vocab_size = manifest["vocab_size"]
+    vocab_size, src = manifest["vocab_size"], ckpt
     if ckpt is not None:
         source: str | Path = cfg.run_dir / CKPT_NAME
         model = model_from_checkpoint(ckpt, source, dropout=cfg.dropout)
     elif cfg.init_from:
         model, src, source = load_pretrained(cfg.init_from, dropout=cfg.dropout)
-        if src is not None and src.get("manifest") and (changes := differences(src["manifest"], manifest, VOCABULARY)):
-            raise UserError(f"--init-from {source}: it was trained with another vocabulary than dataset "
-                            f"{cfg.dataset}'s ({', '.join(changes)}); fine-tune on data of its tokenizer")
     else:
         source, model = "", GPT(cfg.model_config(vocab_size))
+    if src is not None and src.get("manifest") and (changes := differences(src["manifest"], manifest, VOCABULARY)):
+        raise UserError(f"{source} was trained with another vocabulary than dataset {cfg.dataset}'s "
+                        f"({', '.join(changes)}): its token ids would mean other text; use data of its tokenizer")
     mc = model.config
     if mc.vocab_size < vocab_size:
         raise UserError(f"the model's vocabulary ({mc.vocab_size}) is smaller than the tokenizer's of "
@@ -224,7 +224,8 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     if ckpt is not None:
         check_resumable(cfg, ckpt, run_dir, manifest)
     elif master and (run_dir / CKPT_NAME).is_file():
-        print(f"note: starting fresh; this run will overwrite {run_dir / CKPT_NAME} (--resume continues it)")
+        raise UserError(f"{run_dir} holds a trained run; continue it with --resume, or start over in another "
+                        f"--out-dir (or after deleting {run_dir})")
     model, cfg = build_model(cfg, manifest, ckpt)
     if cfg.batch_size == 0:  # --batch-size auto: sized from free memory, before the weights move there
         from training.plan import auto_batch_size
@@ -276,8 +277,22 @@ def announce(run: Run, resumed: bool) -> None:
                                           st.wandb_id)
 
 
+class TrainingDiverged(UserError):
+    """The loss or the weights became nan/inf; carries the user-facing advice."""
+
+
+def diverged(run: Run, what: str) -> TrainingDiverged:
+    st, path = run.state, run.run_dir / CKPT_NAME
+    kept = f"the last good checkpoint is {path} (step {st.saved_at})" if st.saved_at else "this run saved no checkpoint"
+    return TrainingDiverged(f"{what}; stopped without saving, {kept}; try a lower --lr, --grad-clip 1.0 or "
+                            "--dtype float32")
+
+
 def save(run: Run) -> None:
+    """Write ckpt.pt, never from weights that are not finite: they would replace the last good one."""
     st = run.state
+    if not torch.stack([p.isfinite().all() for p in run.model.parameters()]).all():
+        raise diverged(run, f"the weights became nan/inf at step {st.step}")
     save_checkpoint(run.run_dir, {
         "model": run.model.state_dict(), "model_config": asdict(run.model.config),
         "train_config": run.cfg.to_dict(), "optimizer": run.optimizer.state_dict(),
@@ -300,10 +315,14 @@ def lock_run_dir(run_dir: str | Path) -> IO[str]:
     run_dir = Path(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        lock = open(run_dir / LOCK_NAME, "a+")
+        links = sorted(p.name for p in run_dir.iterdir() if p.is_symlink())
+        lock = None if links else open(run_dir / LOCK_NAME, "a+")
     except OSError as e:
         what = "is a file, not a directory" if run_dir.is_file() else f"cannot be written ({e.strerror}: {e.filename})"
         raise UserError(f"--out-dir {run_dir} {what}; pick another --out-dir") from None
+    if lock is None:  # writing through them would change files outside the run dir
+        raise UserError(f"{run_dir} holds symbolic links ({', '.join(links)}); a run writes only inside its out "
+                        "dir: remove them or pick another --out-dir")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
