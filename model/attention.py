@@ -23,6 +23,10 @@ def lengths_to_mask(valid_lens: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class CausalSelfAttention(nn.Module):
+    """Fused multi-head attention, the GPT's. A query with no key to attend to (every key hidden:
+    a cross-attention context or cached step with nothing real for it) gets attention 0, so its
+    output is c_proj's bias: SDPA's safe softmax gives 0, and the explicit path does the same."""
+
     def __init__(self, config: GPTConfig, layer_idx: int = 0):
         super().__init__()
         self.n_head = config.n_head
@@ -90,6 +94,8 @@ class CausalSelfAttention(nn.Module):
             elif mask is not None:
                 att = att.masked_fill(~mask, float("-inf"))
             att = F.softmax(att.float(), dim=-1).type_as(q)
+            if mask is not None:  # an all-hidden row's softmax is NaN: 0, as SDPA gives
+                att = att.masked_fill(~mask.any(-1, keepdim=True), 0.0)
             att = self.attn_dropout(att)  # the weights pass here: model/trace.py reads them with a hook
             y = att @ v  # (B, nh, T, Tk) @ (B, nh, Tk, hs) -> (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
