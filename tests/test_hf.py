@@ -4,6 +4,8 @@ exported runs that AutoTokenizer/AutoModelForCausalLM/pipeline use as sample.py 
 import errno
 import json
 import os
+import shutil
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -361,3 +363,7 @@ def test_exported_files_all_take_the_umask(tmp_path):
         os.umask(umask)
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == dict.fromkeys(files(out), "0o640")
 
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="not a git checkout")
+def test_the_export_examples_target_is_ignored_by_git():
+    assert subprocess.run(["git", "check-ignore", "-q", "exported/small/model.safetensors"], cwd=REPO).returncode == 0
