@@ -1,12 +1,13 @@
 """Files written whole or not at all: a temporary file beside the target, fsync, then rename.
 
 os.replace is atomic within a filesystem, so a reader (or a crash, or a full disk) sees the old
-file or the new one, never half of one.
+file or the new one, never half of one; swap_dir does the same for a folder of files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -29,6 +30,20 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
             os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def swap_dir(new: Path, dst: Path) -> None:
+    """Move folder new to dst in one step; an existing dst goes to new's name (for the caller to delete).
+    A reader of dst, or a kill at any point, finds the old dst whole or the new one whole."""
+    libc, a, b = ctypes.CDLL(None, use_errno=True), os.fsencode(new), os.fsencode(dst)
+    if not dst.exists():
+        os.rename(new, dst)
+    elif not ((hasattr(libc, "renameat2") and libc.renameat2(-100, a, -100, b, 2) == 0)  # Linux: RENAME_EXCHANGE
+              or (hasattr(libc, "renamex_np") and libc.renamex_np(a, b, 2) == 0)):  # macOS: RENAME_SWAP
+        # A filesystem without a swap (NFS, ...): three renames, and a kill between them leaves dst missing.
+        os.rename(dst, aside := new.with_name(new.name + ".old"))
+        os.rename(new, dst)
+        os.rename(aside, new)
 
 
 @contextlib.contextmanager

@@ -14,11 +14,12 @@ nanoGPT does. Folders, --files and --hf are encoded document by document (each f
 <|endoftext|>, or "\\n\\n" for char) into one stream split by tokens, since a streamed source's size
 is known only at its end; their char vocabulary takes an extra pass (a second download when
 streaming from the hub). A re-run whose manifest (data/manifest.py) matches reuses the files;
---force rebuilds. Each file is written whole or not at all, the manifest last.
+--force rebuilds, beside the old dataset, which it replaces in one step at the end (_rebuilding).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import multiprocessing
@@ -29,14 +30,14 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from configs.cli import ArgumentParser, Flag, integer, number, one_of
 from configs.errors import UserError, entry_point
 
-from .files import write_json
+from .files import swap_dir, write_json
 from .manifest import read_dataset_manifest
 from .sources import Source, dataset_source, files_source, split_name, text_source
 from .tokenfile import VERSION, dtype_for_vocab, read_tokens, truncate_tokens, write_tokens
@@ -168,7 +169,6 @@ def _prepare_single_text(source: Source, tok_name: str, out_dir: Path, val_fract
     tok = get_tokenizer(tok_name, text=corpus)
     cut = int(len(corpus) * (1 - val_fraction))
     _check_split_sizes(cut, len(corpus) - cut, val_fraction)
-    (out_dir / "manifest.json").unlink(missing_ok=True)  # first: an interrupted rebuild never looks complete
     counts = {}
     with tqdm(total=len(corpus), unit="char", unit_scale=True, desc=f"{out_dir.name}: tokenizing",
               disable=not verbose or len(corpus) < 4 * _CHUNK_CHARS) as bar:
@@ -212,24 +212,67 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
         if batch:
             yield batch
 
-    stream = out_dir / f"stream.{os.getpid()}.tmp"
-    try:
-        with tqdm(total=source.total, unit="doc", disable=not verbose, desc=f"{out_dir.name}: tokenizing") as bar:
-            write_tokens(stream, _encode_stream(tok, batches(), num_proc), tok.vocab_size)
-        tokens = read_tokens(stream)
-        if len(tokens) == 0:
-            raise UserError(f"{source.label} has no text; give a non-empty corpus")
-        cut = int(len(tokens) * (1 - val_fraction))
-        _check_split_sizes(cut, len(tokens) - cut, val_fraction)
-        (out_dir / "manifest.json").unlink(missing_ok=True)  # as in _prepare_single_text
-        val_chunks = (tokens[i : i + _COPY_CHUNK] for i in range(cut, len(tokens), _COPY_CHUNK))
-        counts = {"val": write_tokens(out_dir / "val.bin", val_chunks, tok.vocab_size), "train": cut}
-        del tokens, val_chunks  # release the memmap before truncating the file under it
-        truncate_tokens(stream, cut)
-        os.replace(stream, out_dir / "train.bin")
-    finally:
-        stream.unlink(missing_ok=True)
+    stream = out_dir / "stream.tmp"
+    with tqdm(total=source.total, unit="doc", disable=not verbose, desc=f"{out_dir.name}: tokenizing") as bar:
+        write_tokens(stream, _encode_stream(tok, batches(), num_proc), tok.vocab_size)
+    tokens = read_tokens(stream)
+    if len(tokens) == 0:
+        raise UserError(f"{source.label} has no text; give a non-empty corpus")
+    cut = int(len(tokens) * (1 - val_fraction))
+    _check_split_sizes(cut, len(tokens) - cut, val_fraction)
+    val_chunks = (tokens[i : i + _COPY_CHUNK] for i in range(cut, len(tokens), _COPY_CHUNK))
+    counts = {"val": write_tokens(out_dir / "val.bin", val_chunks, tok.vocab_size), "train": cut}
+    del tokens, val_chunks  # release the memmap before truncating the file under it
+    truncate_tokens(stream, cut)
+    os.replace(stream, out_dir / "train.bin")
     return tok, counts, None if source.sha256 else hasher.hexdigest()
+
+
+def hold_dataset(ds_dir: str | os.PathLike, *, rebuild: bool = False) -> IO[str]:
+    """Keep prepared dataset ds_dir (as dataset_dir returns it) as it is while the returned file is open:
+    a prepare of it meanwhile fails with one line, as this does during a prepare. Holders share it (runs,
+    DDP ranks); rebuild=True (prepare's) excludes all. Closing the file, or the process ending, releases it."""
+    import fcntl
+
+    path = Path(ds_dir).parent / f".{Path(ds_dir).name}.lock"  # beside: a lock inside would be swapped out
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        lock = open(path, "a+")
+        try:
+            fcntl.flock(lock, (fcntl.LOCK_EX if rebuild else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:  # shared holders (runs) let a shared lock in; a prepare lets none
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                why = "is in use by a run; wait for it to finish, or prepare it under another name"
+            except BlockingIOError:
+                why = f"is being prepared by another process (pid {path.read_text().strip() or '?'}); wait for it"
+            lock.close()
+            raise UserError(f"dataset {Path(ds_dir).name} {why}") from None
+        # A prepare deletes the file when done, under its lock: a lock on a deleted file guards nothing.
+        if path.exists() and path.stat().st_ino == os.fstat(lock.fileno()).st_ino:
+            break
+        lock.close()
+    if rebuild:
+        lock.truncate(0)
+        print(os.getpid(), file=lock, flush=True)
+    return lock
+
+
+@contextlib.contextmanager
+def _rebuilding(out_dir: Path) -> Iterator[Path]:
+    """An empty folder to build dataset out_dir in, swapped in (files.swap_dir) when the block completes:
+    the old dataset stays whole until then, and a kill at any point leaves the old or the new one."""
+    lock = hold_dataset(out_dir, rebuild=True)
+    work = out_dir.parent / f".{out_dir.name}.tmp" / out_dir.name
+    try:
+        shutil.rmtree(work.parent, ignore_errors=True)  # a killed prepare's (the lock rules out a live one)
+        work.mkdir(parents=True)
+        yield work
+        swap_dir(work, out_dir)
+    finally:
+        shutil.rmtree(work.parent, ignore_errors=True)  # ours: unfinished, or after the swap the old dataset
+        Path(lock.name).unlink(missing_ok=True)  # see hold_dataset
+        lock.close()
 
 
 def dataset_dir(name: str, root: str | os.PathLike = DEFAULT_ROOT) -> Path:
@@ -263,28 +306,21 @@ def prepare(name: str | None = None, *, text: str | os.PathLike | None = None,
         return out_dir
 
     t0 = time.perf_counter()
-    fresh_dir = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
     num_proc = num_proc or min(8, os.cpu_count() or 1)
     single = source.text is not None
-    try:
+    with _rebuilding(out_dir) as work:
         tok, counts, text_hash = (_prepare_single_text if single else _prepare_documents)(
-            source, tok_name, out_dir, val_fraction, num_proc, verbose)
-    except BaseException:
-        if fresh_dir:  # everything in it is ours and incomplete
-            shutil.rmtree(out_dir, ignore_errors=True)
-        raise
-
-    manifest = {
-        "version": VERSION, "name": name, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
-        **({"chars": "".join(tok.chars)} if tok.name == "char" else {}),  # type: ignore[attr-defined]
-        "eot_id": tok.eot_id, "train_tokens": counts["train"], "val_tokens": counts["val"],
-        "dtype": dtype_for_vocab(tok.vocab_size).name, "source": source.description,
-        "sha256": source.sha256 or text_hash, "val_fraction": val_fraction,
-        "split_by": "characters" if single else "tokens",
-        "doc_separator": None if single else ("<|endoftext|>" if tok.eot_id is not None else CHAR_DOC_SEPARATOR),
-    }
-    write_json(out_dir / "manifest.json", manifest, ensure_ascii=False)  # chars as they read
+            source, tok_name, work, val_fraction, num_proc, verbose)
+        manifest = {
+            "version": VERSION, "name": name, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
+            **({"chars": "".join(tok.chars)} if tok.name == "char" else {}),  # type: ignore[attr-defined]
+            "eot_id": tok.eot_id, "train_tokens": counts["train"], "val_tokens": counts["val"],
+            "dtype": dtype_for_vocab(tok.vocab_size).name, "source": source.description,
+            "sha256": source.sha256 or text_hash, "val_fraction": val_fraction,
+            "split_by": "characters" if single else "tokens",
+            "doc_separator": None if single else ("<|endoftext|>" if tok.eot_id is not None else CHAR_DOC_SEPARATOR),
+        }
+        write_json(work / "manifest.json", manifest, ensure_ascii=False)  # chars as they read
     if verbose:
         print(f"{name}: {tok.name} tokenizer, vocab {tok.vocab_size:,}; train {counts['train']:,} tokens, val "
               f"{counts['val']:,} tokens ({manifest['dtype']}) in {time.perf_counter() - t0:.2f}s -> {out_dir}",

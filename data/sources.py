@@ -2,8 +2,9 @@
 
 Local sources hash their bytes up front, so a prepared dataset is cheap to check, and are streamed
 (no copy in the datasets cache). Text is UTF-8 (or UTF-16/32: text_encoding) with universal
-newlines; undecodable bytes become U+FFFD, since rejecting a large scraped corpus over a few bad
-bytes helps nobody.
+newlines; undecodable bytes become U+FFFD, with a note, since rejecting a large scraped corpus over a
+few bad bytes helps nobody. A .txt file with NUL bytes is binary (or UTF-16 without a byte-order mark):
+refused.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import codecs
 import hashlib
 import os
+import re
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +27,7 @@ from .tokenizer import host_reachable
 
 FORMATS = {".txt": "text", ".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # single-file compressions datasets reads (via fsspec)
+_ESCAPED = re.compile("[\udc80-\udcff]")  # the bytes UTF-8 cannot decode, as surrogateescape keeps them
 
 
 @dataclass
@@ -37,11 +41,24 @@ class Source:
 
 
 def hash_files(paths: Iterable[Path]) -> str:
-    h = hashlib.sha256()
+    """sha256 of the files' bytes, checking the UTF-8 .txt files on the way: one with NUL bytes is refused,
+    and one note names those with bytes that decode to U+FFFD."""
+    h, bad = hashlib.sha256(), Counter[str]()  # file: bytes read as U+FFFD
     for p in paths:
+        decode = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode
+        check = p.suffix.lower() == ".txt" and text_encoding(p).startswith("utf-8")
         with open(p, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
+                if check and b"\0" in block:
+                    raise UserError(f"{p} has NUL bytes: binary, not text (or UTF-16 without a byte-order mark); "
+                                    "take it out of the corpus")
+                bad[str(p)] += len(_ESCAPED.findall(decode(block))) if check else 0
+        bad[str(p)] += len(_ESCAPED.findall(decode(b"", final=True)))  # a sequence cut off at the end
+    if bad := +bad:  # + drops the files without any
+        names = ", ".join(list(bad)[:3]) + (", ..." if len(bad) > 3 else "")
+        print(f"note: {len(bad)} file(s) not valid UTF-8 ({names}): {sum(bad.values()):,} undecodable bytes "
+              "read as U+FFFD", file=sys.stderr)
     return h.hexdigest()
 
 

@@ -23,6 +23,10 @@ def lengths_to_mask(valid_lens: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class CausalSelfAttention(nn.Module):
+    """Fused multi-head attention, the GPT's. A query with no key to attend to (every key hidden:
+    a cross-attention context or cached step with nothing real for it) gets attention 0, so its
+    output is c_proj's bias: SDPA's safe softmax gives 0, and the explicit path does the same."""
+
     def __init__(self, config: GPTConfig, layer_idx: int = 0):
         super().__init__()
         self.n_head = config.n_head
@@ -90,6 +94,8 @@ class CausalSelfAttention(nn.Module):
             elif mask is not None:
                 att = att.masked_fill(~mask, float("-inf"))
             att = F.softmax(att.float(), dim=-1).type_as(q)
+            if mask is not None:  # an all-hidden row's softmax is NaN: 0, as SDPA gives
+                att = att.masked_fill(~mask.any(-1, keepdim=True), 0.0)
             att = self.attn_dropout(att)  # the weights pass here: model/trace.py reads them with a hook
             y = att @ v  # (B, nh, T, Tk) @ (B, nh, Tk, hs) -> (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
@@ -110,14 +116,15 @@ class Head(nn.Module):
         self.register_buffer("causal_mask", future, persistent=False)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                keep: torch.Tensor | None) -> torch.Tensor:
-        """keep: bool, True = attend, broadcastable to (B, Tq, Tk). Returns (B, Tq, hs)."""
+                keep: torch.Tensor | None, fill: float = -1e9) -> torch.Tensor:
+        """keep: bool, True = attend, broadcastable to (B, Tq, Tk); a hidden key's score becomes fill.
+        Returns (B, Tq, hs)."""
         q, k, v = self.query(query), self.key(key), self.value(value)  # (B, Tq, hs), 2 x (B, Tk, hs)
         att = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5  # (B, Tq, hs) @ (B, hs, Tk) -> (B, Tq, Tk)
-        if self.causal_mask is not None:
-            att = att.masked_fill(self.causal_mask[: att.size(-2), : att.size(-1)], float("-inf"))
         if keep is not None:
-            att = att.masked_fill(~keep, float("-inf"))
+            att = att.masked_fill(~keep, fill)
+        if self.causal_mask is not None:  # -inf, and last: a row the mask hides entirely never sees the future
+            att = att.masked_fill(self.causal_mask[: att.size(-2), : att.size(-1)], float("-inf"))
         att = self.dropout(F.softmax(att, dim=-1))
         return att @ v  # (B, Tq, Tk) @ (B, Tk, hs) -> (B, Tq, hs)
 
@@ -144,8 +151,10 @@ class MultiHeadAttention(nn.Module):
         """query (B, Tq, query_size), key (B, Tk, key_size), value (B, Tk, value_size) -> (B, Tq, emb_size).
         key defaults to query and value to key (self-attention). mask: which keys each query may see,
         bool (True = attend) or 0/1 float (0 = hide), shaped (Tq, Tk), (B, 1, 1, Tk) or (B, 1, Tq, Tk).
-        valid_lens: (B,) or (B, Tq) int, keys at or past it are hidden. Every query must keep at least
-        one key (an all-hidden row has no softmax: NaN)."""
+        valid_lens: (B,) or (B, Tq) int, keys at or past it are hidden. A hidden key's score is the
+        write-ups' large negative number, not -inf: -1e9 with a mask (scores.masked_fill(mask == 0, -1e9)),
+        -1e6 with valid_lens alone (d2l's masked_softmax); so a query that sees no key averages the values
+        (a causal module's: the values up to it)."""
         key = query if key is None else key
         value = key if value is None else value
         keep = None
@@ -158,7 +167,8 @@ class MultiHeadAttention(nn.Module):
             lens = valid_lens[:, None] if valid_lens.dim() == 1 else valid_lens  # (B,) -> (B, 1), all queries alike
             lens_keep = lengths_to_mask(lens, key.size(1))  # (B, Tq|1) -> (B, Tq|1, Tk)
             keep = lens_keep if keep is None else keep & lens_keep
-        y = torch.cat([h(query, key, value, keep) for h in self.heads], dim=-1)  # nh x (B, Tq, hs) -> (B, Tq, nh * hs)
+        fill = -1e9 if mask is not None else -1e6  # the (q, k, v, mask) write-up's; d2l's masked_softmax's
+        y = torch.cat([h(query, key, value, keep, fill) for h in self.heads], dim=-1)  # nh x (B, Tq, hs) -> (B, Tq, nh * hs)
         return self.dropout(self.proj(y))  # (B, Tq, nh * hs) -> (B, Tq, emb_size)
 
     @classmethod

@@ -9,6 +9,8 @@ HF stores its linear layers as Conv1D, (in, out), where nn.Linear keeps (out, in
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import torch
 
 from configs.errors import UserError, entry_point, first_line
 from configs.model import GPTConfig
-from data.files import write_json
+from data.files import atomic_write, write_errors, write_json
 from data.manifest import check_manifest, differences, read_manifest
 
 from .checkpoint import find_checkpoint, is_checkpoint, load_checkpoint, load_model, model_from_checkpoint
@@ -31,6 +33,9 @@ _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.
 # From a hub repo: config, generation config, tokenizer and weights, not its TF/Flax/ONNX copies.
 _HUB_FILES = ["*.json", "*.safetensors"]
 GPT2_MANIFEST = {"tokenizer": "gpt2", "vocab_size": 50257}  # the tokenizer of a HF dir we did not write
+# what an export writes: anything else in an earlier export is the user's, and exporting again refuses
+_EXPORT_FILES = {"config.json", "generation_config.json", "manifest.json", "model.safetensors", "tokenizer.json",
+                 "tokenizer_config.json", "vocab.json", "merges.txt"}
 
 
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -174,7 +179,7 @@ def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_
     model.safetensors, config.json, generation_config.json. eot_id is the tokenizer's end-of-text
     (bos/eos; None for vocabularies without one); vocab_size (the tokenizer's) drops the rows an
     embedding padded past it has, so transformers can never generate those ids."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     c = model.config
     check_exportable(c)
@@ -197,27 +202,54 @@ def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_
         "tie_word_embeddings": c.tie_weights,
         "bos_token_id": eot_id, "eos_token_id": eot_id,  # explicit nulls: GPT2Config would assume 50256
     }
-    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    # bytes through atomic_write: safetensors' own save_file leaves the file 0600 whatever the umask
+    atomic_write(path / "model.safetensors", lambda f: f.write(save(state, metadata={"format": "pt"})))
     write_json(path / "config.json", hf_config)
     write_json(path / "generation_config.json", {"bos_token_id": eot_id, "eos_token_id": eot_id})
     return path
 
 
+def _check_target(out: Path, run: str | Path, run_dir: Path) -> None:
+    """Export only into a new or empty directory, or over an earlier export of this run (its manifest.json's
+    exported_from says whose) holding nothing else: the export replaces the directory whole."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file; export {run} into an empty or new directory")
+    names = {p.name for p in out.iterdir()} if out.exists() else set()
+    try:
+        mine = (out / json.loads((out / "manifest.json").read_text())["exported_from"]).resolve() == run_dir
+    except (OSError, ValueError, KeyError, TypeError):  # no manifest.json, not JSON, not an export
+        mine = False
+    if foreign := sorted(names - _EXPORT_FILES if mine else names):
+        raise UserError(f"{out} holds files that are not an earlier export of {run} ({', '.join(foreign[:4])}): "
+                        f"export {run} into another directory, an empty or new one")
+
+
 def export_run(run: str | Path, out: str | Path) -> Path:
     """A run directory (its best.pt, else ckpt.pt) or a .pt file as a HF directory: weights, configs,
-    the tokenizer in transformers' format, and our manifest.json (--init-from OUT gets it back)."""
+    the tokenizer in transformers' format, and our manifest.json (--init-from OUT gets it back).
+    OUT is new, empty or an earlier export of this run, and is replaced whole."""
     from data.tokenizer import save_hf_tokenizer, tokenizer_from_manifest
 
     ckpt_path = find_checkpoint(run, best=True)
-    if Path(out).resolve() == ckpt_path.parent.resolve():
-        raise UserError(f"export {run} into another directory: its config.json is not Hugging Face's")
+    run_dir, target = ckpt_path.parent.resolve(), Path(out).resolve()
+    _check_target(Path(out), run, run_dir)
     model, ckpt = load_model(ckpt_path)
     manifest = checkpoint_manifest(ckpt_path, ckpt)
     tok = tokenizer_from_manifest(manifest)
     check_exportable(model.config)  # before anything is written
-    save_hf_tokenizer(tok, out, model.config.block_size)
-    save_hf_gpt2(model, out, eot_id=tok.eot_id, vocab_size=tok.vocab_size)
-    write_json(Path(out) / "manifest.json", manifest)
+    # built beside the target, then swapped in: a failed or killed export leaves the target as it was
+    tmp, old = (target.with_name(f".{target.name}.{os.getpid()}.{s}.tmp") for s in ("new", "old"))
+    with write_errors(Path(out)):
+        try:
+            save_hf_tokenizer(tok, tmp, model.config.block_size)
+            save_hf_gpt2(model, tmp, eot_id=tok.eot_id, vocab_size=tok.vocab_size)
+            write_json(tmp / "manifest.json", {**manifest, "exported_from": os.path.relpath(run_dir, target)})
+            if target.exists():
+                os.replace(target, old)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
     return Path(out)
 
 

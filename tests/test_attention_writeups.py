@@ -16,16 +16,33 @@ def linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
     return x @ layer.weight.T + (0 if layer.bias is None else layer.bias)
 
 
-def by_hand(mha: MultiHeadAttention, query, key, value, hide: torch.Tensor | None) -> torch.Tensor:
-    """hide: bool, True where a query must not see a key, broadcastable to (B, Tq, Tk)."""
+def by_hand(mha: MultiHeadAttention, query, key, value, hide: torch.Tensor | None,
+            fill: float = float("-inf")) -> torch.Tensor:
+    """hide: bool, True where a query must not see a key, broadcastable to (B, Tq, Tk); fill: the
+    score a hidden key gets."""
     outs = []
     for head in mha.heads:
         q, k, v = linear(query, head.query), linear(key, head.key), linear(value, head.value)
         scores = torch.einsum("bqd,bkd->bqk", q, k) / math.sqrt(q.size(-1))
         if hide is not None:
-            scores = scores.masked_fill(hide, float("-inf"))
+            scores = scores.masked_fill(hide, fill)
         outs.append(torch.einsum("bqk,bkd->bqd", scores.softmax(dim=-1), v))
     return linear(torch.cat(outs, dim=-1), mha.proj)
+
+
+def mean_of_values(mha: MultiHeadAttention, value: torch.Tensor) -> torch.Tensor:
+    """(B, Tk, value_size) -> (B, 1, emb_size): every head's values averaged, what uniform weights give."""
+    return linear(torch.cat([linear(value, h.value).mean(1, keepdim=True) for h in mha.heads], dim=-1), mha.proj)
+
+
+def weights(mha: MultiHeadAttention, *args, **kwargs) -> torch.Tensor:
+    """(nh, B, Tq, Tk): each head's softmax, caught on its way into the head's dropout."""
+    seen = []
+    hooks = [h.dropout.register_forward_hook(lambda mod, inp, out: seen.append(inp[0])) for h in mha.heads]
+    mha(*args, **kwargs)
+    for hook in hooks:
+        hook.remove()
+    return torch.stack(seen)
 
 
 def future(T: int) -> torch.Tensor:
@@ -120,3 +137,54 @@ def test_single_causal_heads_each_with_its_own_triu_buffer():
     assert_causal(mha, x, t=5)
     with pytest.raises(ValueError, match="max_seq_len"):
         MultiHeadAttention(num_heads=4, emb_size=16, head_size=6, causal=True)
+
+
+def test_valid_length_0_averages_the_values_as_d2ls_masked_softmax():
+    # d2l's masked_softmax sets hidden scores to -1e6, not -inf: a query of valid length 0 gets
+    # uniform weights, the mean of the values.
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(num_heads=5, emb_size=100, head_size=20, query_size=10, key_size=20,
+                             value_size=30, bias=False).eval()
+    queries, keys, values = torch.randn(2, 4, 10), torch.randn(2, 6, 20), torch.randn(2, 6, 30)
+    for lens in (torch.tensor([3, 0]), torch.tensor([[1, 0, 3, 4], [6, 5, 0, 3]])):
+        per_q = lens[:, None].expand(2, 4) if lens.dim() == 1 else lens  # (B, Tq)
+        hide = torch.arange(6) >= per_q[..., None]  # (B, Tq, Tk)
+        y = mha(queries, keys, values, valid_lens=lens)
+        torch.testing.assert_close(y, by_hand(mha, queries, keys, values, hide, fill=-1e6), atol=1e-5, rtol=0)
+        empty = per_q == 0  # (B, Tq)
+        torch.testing.assert_close(y[empty], mean_of_values(mha, values).expand(-1, 4, -1)[empty], atol=1e-5, rtol=0)
+        w = weights(mha, queries, keys, values, valid_lens=lens)  # (nh, B, Tq, Tk)
+        assert torch.all(w[:, empty] == 1 / 6)
+
+
+def test_a_mask_hiding_every_key_averages_the_values_as_masked_fill_minus_1e9():
+    # forward(query, key, value, mask): scores.masked_fill(mask == 0, -1e9), so a query whose mask
+    # row is all 0 gets uniform weights, the mean of the values.
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(num_heads=4, emb_size=32, head_size=8).eval()
+    query, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    per_seq = (torch.arange(7) < torch.tensor([4, 0])[:, None]).float()[:, None, None, :]  # (B, 1, 1, Tk)
+    per_query = (torch.rand(2, 1, 5, 7) > 0.5).float()
+    per_query[..., 0] = 1
+    per_query[1, 0, 3] = 0  # query 3 of sequence 1 sees nothing
+    for mask in (per_seq, per_query, per_query.bool()):
+        y = mha(query, memory, memory, mask)
+        hide = mask[:, 0] == 0  # (B, Tq|1, Tk)
+        torch.testing.assert_close(y, by_hand(mha, query, memory, memory, hide, fill=-1e9), atol=1e-5, rtol=0)
+        empty = hide.all(-1).expand(2, 5)  # (B, Tq)
+        torch.testing.assert_close(y[empty], mean_of_values(mha, memory).expand(-1, 5, -1)[empty], atol=1e-5, rtol=0)
+        assert torch.all(weights(mha, query, memory, memory, mask)[:, empty] == 1 / 7)
+    # With lengths too, every hidden key gets the mask's -1e9: still the mean of all the values.
+    y = mha(query, memory, memory, per_seq, valid_lens=torch.tensor([0, 7]))
+    torch.testing.assert_close(y, mean_of_values(mha, memory).expand(-1, 5, -1), atol=1e-5, rtol=0)
+
+
+def test_a_causal_module_whose_mask_hides_everything_averages_the_past():
+    # The causal buffer fills -inf, after the mask's -1e9: a query that the mask leaves nothing
+    # averages the values up to itself, and the future stays hidden.
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(num_heads=2, emb_size=16, head_size=8, causal=True, max_seq_len=16).eval()
+    x, nothing = torch.randn(2, 6, 16), torch.zeros(6, 6)
+    prefix_means = torch.cat([mean_of_values(mha, x[:, : t + 1]) for t in range(6)], dim=1)  # (B, T, emb)
+    torch.testing.assert_close(mha(x, mask=nothing), prefix_means, atol=1e-5, rtol=0)
+    assert_causal(lambda x: mha(x, mask=nothing), x, t=2)

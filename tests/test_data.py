@@ -208,6 +208,21 @@ def test_undecodable_bytes_are_replaced(tmp_path):
     assert _decoded(ds) == raw.decode("utf-8", "replace").replace("\r\n", "\n")
 
 
+
+def test_text_that_is_not_utf8_gets_a_note_and_binary_is_refused(tmp_path, capsys):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "fr.txt").write_bytes(("Café crème, naïve façade.\n" * 20).encode("latin-1"))
+    (tmp_path / "docs" / "ja.txt").write_bytes(("日本語のテキストです。\n" * 20).encode("shift_jis"))
+    (tmp_path / "docs" / "en.txt").write_text("Plain text, valid UTF-8: café.\n" * 20)
+    prep.prepare(text=tmp_path / "docs", tokenizer="char", out_root=tmp_path / "out", verbose=False)
+    note = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert len(note) == 1 and "docs/fr.txt" in note[0] and "docs/ja.txt" in note[0] and "en.txt" not in note[0]
+    assert "not valid UTF-8" in note[0] and "320 undecodable bytes" in note[0]
+    (tmp_path / "docs" / "blob.txt").write_bytes(np.random.default_rng(0).bytes(10000))
+    with pytest.raises(UserError, match=r"docs/blob.txt has NUL bytes: binary, not text"):
+        prep.prepare(text=tmp_path / "docs", tokenizer="char", out_root=tmp_path / "out", verbose=False)
+
+
 @pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-16", "utf-32", "utf-8-sig"])
 def test_utf16_and_byte_order_marks_are_decoded_not_read_as_nul_text(tmp_path, capsys, encoding):
     text = "ROMEO: O, café naïve!\nJULIET: Ay me.\n" * 20
@@ -301,6 +316,72 @@ def test_cli_missing_path_exits_2_with_one_line(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: no such file or folder") and "--text" in lines[0]
+
+
+
+# A prepare in another process that stops (prints "paused", then sleeps) at `where`: inside
+# write_tokens after its first chunk (a token file half-written), or just before the manifest.
+_PAUSED = """
+import sys, time, data.prepare as p
+def pause(*a, **k):
+    print("paused", flush=True); time.sleep(120)
+write_tokens = p.write_tokens
+def then_pause(chunks):
+    for chunk in chunks:
+        yield chunk
+        pause()
+def slowly(path, chunks, vocab_size):
+    return write_tokens(path, then_pause(chunks), vocab_size)
+if sys.argv[3] == "write_tokens": p.write_tokens = slowly
+else: p.write_json = pause
+p.prepare(text=sys.argv[1], tokenizer="char", name="d", out_root=sys.argv[2], force=True, verbose=False)
+"""
+
+
+def _paused_prepare(text: Path, root: Path, where: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", _PAUSED, str(text), str(root), where], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "paused\n"
+    return proc
+
+
+@pytest.mark.parametrize("where", ["write_tokens", "write_json"])
+def test_a_rebuild_killed_midway_keeps_the_old_dataset_and_the_next_one_cleans_up(tmp_path, where):
+    (tmp_path / "old.txt").write_text("the old text\n" * 50)
+    (tmp_path / "new.txt").write_text("something quite different, and longer\n" * 3000)
+    ds = prep.prepare(text=tmp_path / "old.txt", tokenizer="char", name="d", out_root=tmp_path / "out", verbose=False)
+    proc = _paused_prepare(tmp_path / "new.txt", tmp_path / "out", where)
+    proc.kill()  # SIGKILL: no cleanup runs
+    proc.wait()
+    assert read_dataset_manifest(ds)["train_tokens"] == 585 and _decoded(ds) == "the old text\n" * 50
+    prep.prepare(text=tmp_path / "new.txt", tokenizer="char", name="d", out_root=tmp_path / "out", verbose=False)
+    assert _decoded(ds) == "something quite different, and longer\n" * 3000
+    left = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*"))
+    assert left == ["d", "d/manifest.json", "d/train.bin", "d/val.bin"]  # the killed one's temporaries too
+
+
+def test_a_second_prepare_of_a_dataset_being_prepared_is_refused(tmp_path):
+    (tmp_path / "t.txt").write_text("some text to prepare\n" * 3000)
+    proc = _paused_prepare(tmp_path / "t.txt", tmp_path, "write_tokens")
+    try:
+        with pytest.raises(UserError, match=rf"^dataset d is being prepared by another process \(pid {proc.pid}\)"):
+            prep.prepare(text=tmp_path / "t.txt", tokenizer="char", name="d", out_root=tmp_path, verbose=False)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_held_dataset_cannot_be_rebuilt_until_released(tmp_path):
+    ds = prep.prepare("shakespeare_char", out_root=tmp_path, verbose=False)
+    cmd = [sys.executable, "-m", "data.prepare", "shakespeare_char", "--force", "--quiet", "--out-root", str(tmp_path)]
+    held = prep.hold_dataset(ds)
+    assert prep.hold_dataset(ds) and prep.dataset_dir("shakespeare_char", tmp_path) == ds  # shared: runs, DDP ranks
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("error: dataset shakespeare_char is in use by a run;")
+    assert len(r.stderr.splitlines()) == 1 and read_dataset_manifest(ds)["vocab_size"] == 65
+    held.close()
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
 
 
 # --- loaders ----------------------------------------------------------------------------------

@@ -1,7 +1,11 @@
 """Hugging Face round trips: transformers' GPT-2 parity both ways, hub ids from the cache,
 exported runs that AutoTokenizer/AutoModelForCausalLM/pipeline use as sample.py does, eval-only."""
 
+import errno
 import json
+import os
+import shutil
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +23,7 @@ from data.files import write_json
 from data.prepare import prepare
 from model import GPT, GPTConfig
 from model.checkpoint import save_checkpoint
-from model.hf import export_run, load_hf_gpt2, resolve_init_from, save_hf_gpt2
+from model.hf import export_run, load_hf_gpt2, main, resolve_init_from, save_hf_gpt2
 
 transformers = pytest.importorskip("transformers")
 REPO = Path(__file__).resolve().parent.parent
@@ -270,3 +274,96 @@ def test_weights_of_another_model_are_refused(tmp_path):
     save_file(state, str(tmp_path / "model.safetensors"))
     with pytest.raises(UserError, match=r"weights do not match GPT-2 \(missing \['transformer.h.1.mlp.c_fc.weight'\]"):
         load_hf_gpt2(tmp_path)
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_export_refuses_a_target_holding_anything_but_an_earlier_export_of_the_same_run(tmp_path, capsys):
+    run, other = random_run(tmp_path / "run", "char", 65), random_run(tmp_path / "other", "char", 65)
+    write_json(other / "config.json", {"n_layer": 2})  # as train.py writes it: the run's own config
+    hf_tiny(False).save_pretrained(tmp_path / "model", max_shard_size="20KB")  # another model, sharded...
+    torch.save({}, tmp_path / "model/pytorch_model.bin")  # ...beside an older pickle
+    export_run(other, tmp_path / "other_export")
+    export_run(run, tmp_path / "card")
+    (tmp_path / "card/README.md").write_text("my model card")  # an export of this run, plus the user's file
+    capsys.readouterr()  # transformers' progress bars while saving
+    for target, names in [(other, "ckpt.pt, config.json, manifest.json"), (tmp_path / "model", "config.json"),
+                          (tmp_path / "other_export", "config.json"), (tmp_path / "card", "README.md")]:
+        before = files(target)
+        assert main(["export", str(run), str(target)]) == 2, target
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{target} holds files that are not an earlier export of {run} (" in err
+        assert names in err and err.endswith("into another directory, an empty or new one\n")
+        assert files(target) == before  # nothing written, nothing removed
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
+
+
+def test_exporting_again_replaces_the_runs_earlier_export_whole(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = random_run(tmp_path / "run", "gpt2", 50304)
+    assert main(["export", "run", "exported/run"]) == 0
+    assert {"vocab.json", "merges.txt"} <= set(files(tmp_path / "exported/run"))
+    random_run(run, "char", 65)  # the run trained again, now on characters: GPT-2's BPE files are stale
+    capsys.readouterr()
+    assert main(["export", str(run / "ckpt.pt"), str(tmp_path / "exported/run")]) == 0  # the same run, spelled apart
+    names = ["config.json", "generation_config.json", "manifest.json", "model.safetensors", "tokenizer.json",
+             "tokenizer_config.json"]
+    assert list(files(tmp_path / "exported/run")) == names
+    assert f"exported/run: {', '.join(names)}\n" in capsys.readouterr().out  # the closing line lists these only
+    assert json.loads((tmp_path / "exported/run/config.json").read_text())["vocab_size"] == 65
+    assert os.listdir(tmp_path / "exported") == ["run"]  # no temporary left beside it
+
+
+def test_a_failed_export_leaves_the_earlier_one_as_it_was(tmp_path, capsys, monkeypatch):
+    run = random_run(tmp_path / "run", "char", 65)
+    before = files(export_run(run, tmp_path / "hf"))
+    random_run(run, "char", 65, n_embd=24)  # trained again: other weights
+    replace_file = os.replace
+
+    def disk_full(src, dst):
+        if str(dst).endswith("config.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        replace_file(src, dst)
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    assert main(["export", str(run), str(tmp_path / "hf")]) == 2
+    assert capsys.readouterr().err.count("No space left on device") == 1
+    assert files(tmp_path / "hf") == before and sorted(os.listdir(tmp_path)) == ["hf", "run"]
+
+
+def test_export_into_a_file_or_where_nothing_can_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+    run = random_run(tmp_path / "run", "char", 65)
+    (tmp_path / "file").write_text("mine")
+    read_only = tmp_path / "read_only"
+    read_only.mkdir(mode=0o555)
+    mkdir = os.mkdir
+
+    def refuse(path, *args, **kwargs):  # root ignores mode 0555: refuse as the kernel does for anyone else
+        if Path(path).parent == read_only:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", refuse)
+    for target, says in [(tmp_path / "file", "file is a file; export"), (tmp_path / "file/hf", "could not write"),
+                         (read_only / "hf", "(Permission denied)")]:
+        assert main(["export", str(run), str(target)]) == 2, target
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err and str(target) in err, err
+    assert (tmp_path / "file").read_text() == "mine" and os.listdir(read_only) == []
+
+
+def test_exported_files_all_take_the_umask(tmp_path):
+    run = random_run(tmp_path / "run", "char", 65)
+    umask = os.umask(0o027)
+    try:
+        out = export_run(run, tmp_path / "hf")
+    finally:
+        os.umask(umask)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == dict.fromkeys(files(out), "0o640")
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="not a git checkout")
+def test_the_export_examples_target_is_ignored_by_git():
+    assert subprocess.run(["git", "check-ignore", "-q", "exported/small/model.safetensors"], cwd=REPO).returncode == 0

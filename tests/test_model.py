@@ -440,3 +440,38 @@ def test_the_switches_build_what_they_name(norm):
     attn = model.transformer.h[0].attn
     assert isinstance(attn.q_norm, RMSNorm) and isinstance(attn.k_norm, RMSNorm)  # qk_norm: per head, always RMS
     assert all(m.eps == 1e-3 for m in norms)
+
+
+@pytest.mark.parametrize("case", ["valid_lens", "padding_mask", "kv_cache"])
+def test_a_query_with_no_key_to_see_gets_0_on_both_paths(case):
+    """Cross-attention over a context with nothing real in row 0, or a cached step whose one token
+    is row 0's padding: that query's attention is 0 (SDPA's safe softmax; the explicit path
+    follows), so its output is c_proj's bias, and a loss over the other rows has finite gradients,
+    equal on both paths."""
+    from model import KVCache
+
+    torch.manual_seed(0)
+    x, ctx = torch.randn(2, 5, 16), torch.randn(2, 9, 16)
+    none_then_odd = torch.arange(9) % torch.tensor([[1], [2]]) > 0  # (B, Tc): row 0 no key, row 1 the odd ones
+    kwargs = {"valid_lens": dict(context=ctx, valid_lens=torch.tensor([0, 3])),
+              "padding_mask": dict(context=ctx, padding_mask=none_then_odd)}
+    outs, grads = [], []
+    for impl in ("sdpa", "explicit"):
+        torch.manual_seed(1)
+        attn = CausalSelfAttention(dataclasses.replace(tiny(), attention=impl)).eval()
+        with torch.no_grad():
+            attn.c_proj.bias.normal_()  # not 0, so that the output shows it
+        if case == "kv_cache":
+            cache = KVCache(tiny(n_layer=1), 2, 8, "cpu", torch.float32)
+            cache.begin(cache.claim(1), torch.tensor([[False], [True]]))
+            y = attn(x[:, :1], kv_cache=cache)
+        else:
+            y = attn(x, **kwargs[case])
+        torch.testing.assert_close(y[0], attn.c_proj.bias.expand_as(y[0]), atol=1e-6, rtol=0)
+        y[1].square().sum().backward()  # the real rows only
+        assert all(p.grad.isfinite().all() for p in attn.parameters())
+        outs.append(y.detach())
+        grads.append([p.grad for p in attn.parameters()])
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=0)
+    for fast, slow in zip(*grads):
+        torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-4)

@@ -410,31 +410,67 @@ def test_second_ctrl_c_quits_in_one_line(tmp_path, data_root, monkeypatch, capsy
     assert load_checkpoint(tmp_path)["step"] == 10
 
 
+class FakeWandbRun:
+    """What wandb.init returns, without a server: starting_step is what a resumed run's server holds (its
+    last step + 1); logged is every log call, its step included."""
+    id, settings = "abc", type("S", (), {"mode": "online"})()
+
+    def __init__(self, starting_step=0):
+        self.starting_step, self.logged, self.metrics, self.finished = starting_step, [], {}, None
+
+    def define_metric(self, name, summary):
+        self.metrics[name] = summary
+
+    def log(self, values, step):
+        self.logged.append(values | {"step": step})
+
+    def finish(self, exit_code=0):
+        self.finished = exit_code
+
+
+def fake_wandb(monkeypatch, run):
+    table = staticmethod(lambda columns, data: [row[0] for row in data])  # a samples table: its steps
+    monkeypatch.setitem(sys.modules, "wandb", type("W", (), {"init": staticmethod(lambda **kw: run),
+                                                             "Table": table}))
+    monkeypatch.setenv("WANDB_MODE", "online")
+
+
 def test_runlog_wandb_exit_code_best_summary_and_no_relogged_steps(tmp_path, monkeypatch):
     from training import runlog
-    class FakeRun:
-        id, settings = "abc", type("S", (), {"mode": "online"})()
-
-        def __init__(self):
-            self.logged, self.metrics, self.finished = [], {}, None
-
-        def define_metric(self, name, summary):
-            self.metrics[name] = summary
-
-        def log(self, values, step):
-            self.logged.append(step)
-
-        def finish(self, exit_code=0):
-            self.finished = exit_code
-
-    fake = FakeRun()
-    monkeypatch.setitem(sys.modules, "wandb", type("W", (), {"init": staticmethod(lambda **kw: fake)}))
-    monkeypatch.setenv("WANDB_MODE", "online")
+    fake = FakeWandbRun(starting_step=31)  # wandb holds steps up to 30
+    fake_wandb(monkeypatch, fake)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (10, 20, 30)))
     log = runlog.RunLog(tmp_path, started=0.0, resume_step=20)  # crashed after step 30, saved at 20
     log.start_wandb("p", "n", {}, "abc")
     for step in (21, 30, 31):
         log.log({"step": step, "loss": 1.0})
     log.close(exit_code=1)
-    assert fake.metrics == {"val_loss": "min"} and fake.logged == [31] and fake.finished == 1
+    assert fake.metrics == {"val_loss": "min"} and [r["step"] for r in fake.logged] == [31] and fake.finished == 1
     assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [10, 20, 21, 30, 31]
+
+
+@pytest.mark.parametrize("held", [30, 95])  # at the kill, wandb lagged behind metrics.jsonl's 90, or got past it
+def test_runlog_resumed_after_kill_9_gives_wandb_what_metrics_jsonl_holds(tmp_path, monkeypatch, held):
+    from training import runlog
+
+    def attempt(resume_step, starting_step, steps):
+        run = FakeWandbRun(starting_step)
+        fake_wandb(monkeypatch, run)
+        log = runlog.RunLog(tmp_path, started=0.0, resume_step=resume_step)
+        log.start_wandb("p", "n", {}, "abc")
+        for step in steps:  # a redone step logs the same numbers: resume is bit-exact
+            log.log({"step": step, "loss": 10 - step / 100, "mfu": None})
+            if step % 50 == 0:  # an eval: its record and a sample at the same step
+                log.log({"step": step, "val_loss": 9 - step / 100})
+                log.log_sample(step, f"text at {step}")
+        return run
+
+    first, path = attempt(None, 0, range(5, 100, 5)), tmp_path / "metrics.jsonl"
+    lines = path.read_text().splitlines()  # kill -9 after step 95: its line was lost
+    path.write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= 90))
+    second = attempt(50, held + 1, range(55, 125, 5))  # resumed from the checkpoint at step 50
+    sent = [r for r in first.logged if r["step"] <= held] + second.logged
+    metrics = [{k: v for k, v in json.loads(line).items() if v is not None} for line in open(path)]
+    assert [r for r in sent if "samples" not in r] == metrics  # each record once, in order, none missing
+    samples = [r["step"] for r in sent if "samples" in r]  # not in metrics.jsonl: those past the checkpoint
+    assert len(samples) == len(set(samples)) and 100 in samples

@@ -28,7 +28,7 @@ def _wandb_has_key(wandb: Any) -> bool:
 
 class RunLog:
     """One run's metrics.jsonl, loss.png and wandb run. On resume, lines past the checkpoint's step
-    are dropped (the run redoes those steps) and wandb is not sent again what it already has; with a
+    are dropped (the run redoes those steps) and wandb gets exactly the steps it lacks; with a
     matching reference, records carry its mean (ref_val_loss, ...) and loss.png draws its band."""
 
     def __init__(self, out_dir: Path, started: float, resume_step: int | None = None,
@@ -37,17 +37,16 @@ class RunLog:
         self.reference = reference
         self.path = self.out_dir / "metrics.jsonl"
         self.records: list[dict[str, Any]] = []
-        self.wandb_has = -1  # the last step the previous attempt of this run sent to wandb
         if resume_step is not None and self.path.exists():
             for line in self.path.read_text().splitlines():
                 with contextlib.suppress(json.JSONDecodeError):
                     rec = json.loads(line)
-                    self.wandb_has = max(self.wandb_has, rec.get("step", -1))
                     if rec.get("step", 0) <= resume_step:
                         self.records.append(rec)
         with write_errors(self.path), open(self.path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in self.records)
         self.wandb: Any = None
+        self.wandb_from = 0  # the first step the wandb run lacks
         self.plotted_at, self.plot_cost = 0.0, 0.5
         self.samples: list[list[Any]] = []
 
@@ -63,9 +62,13 @@ class RunLog:
         self.wandb = wandb.init(project=project, name=name, config=config, dir=str(self.out_dir),
                                 id=run_id, resume="allow", mode=mode)
         self.wandb.define_metric("val_loss", summary="min")  # the run's summary is its best val loss
+        # after a kill -9 only wandb knows what it holds: steps below starting_step (0 offline: docs/training.md)
+        self.wandb_from = self.wandb.starting_step
+        for record in self.records:
+            self._send(record)
         if self.wandb.settings.mode == "offline" or mode == "offline":
-            print("wandb: logging offline; upload later with "
-                  f"`wandb sync {self.out_dir / 'wandb'}/offline-run-*`")
+            print(f"wandb: logging offline; upload later with `wandb sync {self.wandb.settings.sync_dir}` "
+                  "(it holds the whole run: sync no older offline-run dir of it)")
         return self.wandb.id
 
     def log(self, record: dict[str, Any]) -> None:
@@ -74,12 +77,14 @@ class RunLog:
         self.records.append(record)
         with write_errors(self.path), open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.wandb is not None and record["step"] > self.wandb_has:
-            self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None},
-                           step=record["step"])
+        self._send(record)
+
+    def _send(self, record: dict[str, Any]) -> None:
+        if self.wandb is not None and record["step"] >= self.wandb_from:  # wandb drops a lower step anyway
+            self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None}, step=record["step"])
 
     def log_sample(self, step: int, text: str) -> None:
-        if self.wandb is not None and step > self.wandb_has:
+        if self.wandb is not None and step >= self.wandb_from:
             import wandb
 
             self.samples.append([step, text])  # the whole table each time: wandb tables are immutable
