@@ -170,6 +170,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 stopped = "quit"
             finally:
                 run.train_model = None  # the DDP wrapper holds the process group: rt.close() ends it
+                run.held.close()
                 if run.log is not None:
                     run.log.plot()  # a crash or nan: still draw what was logged
                     run.log.close(exit_code=exit_code(stopped) if stopped else 1)  # None: it failed

@@ -17,6 +17,7 @@ import torch
 import sample
 import train
 from configs import load_config
+from configs.errors import UserError
 from data.prepare import prepare
 from model.checkpoint import load_checkpoint
 from training.run import lock_run_dir
@@ -279,3 +280,22 @@ def test_eval_only_on_data_of_another_tokenizer_is_refused(tmp_path, data_root, 
 def test_seeds_torch_would_cut_to_32_bits_are_refused(tmp_path, data_root, capsys, seed):
     assert "expects a seed from 0 to 2**32 - 1" in fails(capsys, train.main, args(tmp_path, data_root, "--seed", seed))
     assert "expects a seed from 0 to 2**32 - 1" in fails(capsys, sample.main, ["--seed", seed])
+
+
+def test_the_dataset_of_a_run_cannot_be_prepared_again_during_it(tmp_path, monkeypatch):
+    root = tmp_path / "prepared"
+    root.mkdir()
+    prepare_text(root, "mini", SHAKESPEARE[:3000])
+    forward_backward, refused = train.forward_backward, []
+
+    def rebuilt_meanwhile(*a):  # as `python -m data.prepare --text ... --name mini --force` from another shell
+        if not refused:
+            with pytest.raises(UserError) as e:
+                prepare(text=root / "mini.txt", tokenizer="char", name="mini", out_root=root, force=True)
+            refused.append(str(e.value))
+        return forward_backward(*a)
+
+    monkeypatch.setattr(train, "forward_backward", rebuilt_meanwhile)
+    assert train.main(args(tmp_path / "run", root, "--dataset", "mini", "--block-size", "8")) == 0
+    assert refused == ["dataset mini is in use by a run; wait for it to finish, or prepare it under another name"]
+    prepare(text=root / "mini.txt", tokenizer="char", name="mini", out_root=root, force=True, verbose=False)  # after it

@@ -21,7 +21,7 @@ from configs.errors import UserError
 from data.files import write_json
 from data.loader import GlobalBatchLoader, eval_batches
 from data.manifest import VOCABULARY, differences, read_dataset_manifest
-from data.prepare import dataset_dir
+from data.prepare import dataset_dir, hold_dataset
 from data.tokenfile import read_tokens
 from data.tokenizer import tokenizer_from_manifest
 from model.checkpoint import CKPT_NAME, is_checkpoint, load_checkpoint, model_from_checkpoint, save_checkpoint
@@ -177,6 +177,7 @@ class Run:
     loader: GlobalBatchLoader
     manifest: dict[str, Any]
     ds_dir: Path
+    held: IO[str]  # the dataset's shared lock (hold_dataset), for the whole run
     run_dir: Path
     grad_accum: int
     log: RunLog | None  # rank 0 only
@@ -218,6 +219,7 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if master else None
     rt.barrier()  # rank 0 prepared the data (idempotent); the others now just find it
     ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root)
+    held = hold_dataset(ds_dir)  # a prepare of it now would change what later evals read: refuse it
     manifest = read_dataset_manifest(ds_dir)
     tokenizer_from_manifest(manifest)  # fails now, not at the end-of-run sample, if it cannot be built
     ckpt = load_checkpoint(run_dir / CKPT_NAME) if cfg.resume else None
@@ -251,7 +253,7 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     train_model = trainable(model, rt, tuple(example))  # compiled (or not) and DDP-wrapped
     log = RunLog(run_dir, t_start, resume_step=state.step if ckpt is not None else None,
                  reference=Reference.matching(cfg.to_dict(), rt.world_size)) if master else None
-    run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, run_dir,
+    run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, held, run_dir,
               grad_accum, log, state)
     if master:
         announce(run, resumed=ckpt is not None)
