@@ -19,7 +19,7 @@ import torch
 
 from configs.errors import UserError, entry_point, first_line
 from configs.model import GPTConfig
-from data.files import atomic_write, write_errors, write_json
+from data.files import atomic_write, swap_dir, write_errors, write_json
 from data.manifest import check_manifest, differences, read_manifest
 
 from .checkpoint import find_checkpoint, is_checkpoint, load_checkpoint, load_model, model_from_checkpoint
@@ -238,18 +238,15 @@ def export_run(run: str | Path, out: str | Path) -> Path:
     tok = tokenizer_from_manifest(manifest)
     check_exportable(model.config)  # before anything is written
     # built beside the target, then swapped in: a failed or killed export leaves the target as it was
-    tmp, old = (target.with_name(f".{target.name}.{os.getpid()}.{s}.tmp") for s in ("new", "old"))
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     with write_errors(Path(out)):
         try:
             save_hf_tokenizer(tok, tmp, model.config.block_size)
             save_hf_gpt2(model, tmp, eot_id=tok.eot_id, vocab_size=tok.vocab_size)
             write_json(tmp / "manifest.json", {**manifest, "exported_from": os.path.relpath(run_dir, target)})
-            if target.exists():
-                os.replace(target, old)
-            os.replace(tmp, target)
+            swap_dir(tmp, target)  # the earlier export, if any, is now at tmp
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(old, ignore_errors=True)
     return Path(out)
 
 

@@ -53,7 +53,7 @@ def test_data_prepared_again_is_refused_at_resume_init_from_and_sampling(tmp_pat
     line = fails(capsys, train.main, args(run, root, "--dataset", "mini", "--block-size", "8", "--resume"))
     assert "dataset mini was prepared again since it was saved (vocab_size 52 -> 58, chars +'DGJPqx'" in line
     line = fails(capsys, train.main, args(tmp_path / "ft", root, "--dataset", "mini", "--init-from", str(run)))
-    assert "it was trained with another vocabulary" in line
+    assert "run/best.pt was trained with another vocabulary than dataset mini's (vocab_size 52 -> 58" in line
     (run / "manifest.json").write_bytes((new / "manifest.json").read_bytes())  # another run wrote it
     line = fails(capsys, sample.main, ["--ckpt", str(run), "--max-new-tokens", "3"])
     assert "manifest.json is not the data best.pt was trained on (vocab_size 52 -> 58" in line

@@ -96,9 +96,9 @@ def test_check_flags_only_clearly_outside(tmp_path):
     assert flat.check(25, {"val_loss": 9.0}) is None  # past the reference: no band, no line
 
 
-def tiny_run(tmp_path, data_root, *argv):
+def tiny_run(tmp_path, data_root, *argv, run="run"):
     cfg = load_config("tiny", ["--device", "cpu", "--sample-tokens", "0", *argv])
-    return train.train(replace(cfg, out_dir=str(tmp_path / "run"), data_root=str(data_root)))
+    return train.train(replace(cfg, out_dir=str(tmp_path / run), data_root=str(data_root)))
 
 
 def test_out_of_band_run_prints_one_line_per_eval_and_goes_on(tmp_path, data_root, monkeypatch, capsys):
@@ -115,9 +115,9 @@ def test_out_of_band_run_prints_one_line_per_eval_and_goes_on(tmp_path, data_roo
     assert [r["step"] for r in lines if "ref_loss" in r] == list(range(10, 21))  # its train loss spans 10-20
     assert (tmp_path / "run" / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
-    tiny_run(tmp_path, data_root, "--lr", "2e-3")  # another lr: no band, no notes, no reference series
+    tiny_run(tmp_path, data_root, "--lr", "2e-3", run="other")  # another lr: no band, no notes, no reference series
     assert "note: step" not in capsys.readouterr().out
-    assert "ref_val_loss" not in (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert "ref_val_loss" not in (tmp_path / "other" / "metrics.jsonl").read_text()
 
 
 def test_a_new_seed_of_tiny_stays_inside_the_shipped_band(tmp_path, data_root, capsys):
