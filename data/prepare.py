@@ -237,7 +237,12 @@ def hold_dataset(ds_dir: str | os.PathLike, *, rebuild: bool = False) -> IO[str]
     path = Path(ds_dir).parent / f".{Path(ds_dir).name}.lock"  # beside: a lock inside would be swapped out
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        lock = open(path, "a+")
+        try:
+            lock = open(path, "a+")
+        except OSError as e:
+            if rebuild:
+                raise UserError(f"cannot write {path.parent} ({e.strerror}); prepare into another --out-root") from None
+            return open(os.devnull)  # a folder no one can write: no prepare can change it either
         try:
             fcntl.flock(lock, (fcntl.LOCK_EX if rebuild else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -8,6 +8,7 @@ HF stores its linear layers as Conv1D, (in, out), where nn.Linear keeps (out, in
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from configs.model import GPTConfig
 from data.files import atomic_write, swap_dir, write_errors, write_json
 from data.manifest import check_manifest, differences, read_manifest
 
-from .checkpoint import find_checkpoint, is_checkpoint, load_checkpoint, load_model, model_from_checkpoint
+from .checkpoint import BEST_NAME, CKPT_NAME, find_checkpoint, is_checkpoint, load_checkpoint, load_model, model_from_checkpoint
 from .gpt import GPT
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -209,14 +210,25 @@ def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_
     return path
 
 
-def _check_target(out: Path, run: str | Path, run_dir: Path) -> None:
+def _killed(tmp: Path) -> bool:
+    """Whether export's build folder tmp (.NAME.PID.tmp) belongs to a process that no longer runs."""
+    try:
+        os.kill(int(tmp.name.split(".")[-2]), 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, OSError):  # not a pid, or someone else's process
+        pass
+    return False
+
+
+def _check_target(out: Path, run: str | Path, source: Path) -> None:
     """Export only into a new or empty directory, or over an earlier export of this run (its manifest.json's
     exported_from says whose) holding nothing else: the export replaces the directory whole."""
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} is a file; export {run} into an empty or new directory")
     names = {p.name for p in out.iterdir()} if out.exists() else set()
     try:
-        mine = (out / json.loads((out / "manifest.json").read_text())["exported_from"]).resolve() == run_dir
+        mine = (out / json.loads((out / "manifest.json").read_text())["exported_from"]).resolve() == source
     except (OSError, ValueError, KeyError, TypeError):  # no manifest.json, not JSON, not an export
         mine = False
     if foreign := sorted(names - _EXPORT_FILES if mine else names):
@@ -230,20 +242,22 @@ def export_run(run: str | Path, out: str | Path) -> Path:
     OUT is new, empty or an earlier export of this run, and is replaced whole."""
     from data.tokenizer import save_hf_tokenizer, tokenizer_from_manifest
 
-    ckpt_path = find_checkpoint(run, best=True)
-    run_dir, target = ckpt_path.parent.resolve(), Path(out).resolve()
-    _check_target(Path(out), run, run_dir)
+    ckpt_path, target = find_checkpoint(run, best=True).resolve(), Path(out).resolve()
+    source = ckpt_path.parent if ckpt_path.name in (CKPT_NAME, BEST_NAME) else ckpt_path  # a run, or a lone .pt
+    _check_target(Path(out), run, source)
     model, ckpt = load_model(ckpt_path)
     manifest = checkpoint_manifest(ckpt_path, ckpt)
     tok = tokenizer_from_manifest(manifest)
     check_exportable(model.config)  # before anything is written
     # built beside the target, then swapped in: a failed or killed export leaves the target as it was
+    for killed in filter(_killed, target.parent.glob(f".{glob.escape(target.name)}.*.tmp")):
+        shutil.rmtree(killed, ignore_errors=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     with write_errors(Path(out)):
         try:
             save_hf_tokenizer(tok, tmp, model.config.block_size)
             save_hf_gpt2(model, tmp, eot_id=tok.eot_id, vocab_size=tok.vocab_size)
-            write_json(tmp / "manifest.json", {**manifest, "exported_from": os.path.relpath(run_dir, target)})
+            write_json(tmp / "manifest.json", {**manifest, "exported_from": os.path.relpath(source, target)})
             swap_dir(tmp, target)  # the earlier export, if any, is now at tmp
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

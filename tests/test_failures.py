@@ -18,6 +18,7 @@ import sample
 import train
 from configs import load_config
 from configs.errors import UserError
+from data.prepare import main as prepare_main
 from data.prepare import prepare
 from model.checkpoint import load_checkpoint
 from training.run import lock_run_dir
@@ -184,7 +185,9 @@ def test_ddp_a_stop_signal_to_one_process_stops_both_at_the_same_step(two_proces
     assert "Traceback" not in output(0) + output(1)
 
 
-def test_a_stop_after_the_weights_blew_up_keeps_the_last_good_checkpoint(tmp_path, data_root, monkeypatch, capsys):
+@pytest.mark.parametrize("blown", [float("inf"), 1e30])  # 1e30: finite, and yet every loss is nan
+def test_a_stop_after_the_weights_blew_up_keeps_the_last_good_checkpoint(tmp_path, data_root, monkeypatch, capsys,
+                                                                        blown):
     step, forward_backward = train.optimizer_step, train.forward_backward
     calls = []
 
@@ -194,18 +197,18 @@ def test_a_stop_after_the_weights_blew_up_keeps_the_last_good_checkpoint(tmp_pat
             os.kill(os.getpid(), signal.SIGTERM)
         return forward_backward(*a)
 
-    def blow_up(model, *a):  # ...and whose update makes the weights inf
+    def blow_up(model, *a):  # ...and whose update blows the weights up
         norm = step(model, *a)
         if len(calls) == 3:
             with torch.no_grad():
-                next(model.parameters()).fill_(float("inf"))
+                next(model.parameters()).fill_(blown)
         return norm
 
     monkeypatch.setattr(train, "forward_backward", preempted)
     monkeypatch.setattr(train, "optimizer_step", blow_up)
     line = fails(capsys, train.main, args(tmp_path, data_root, "--max-iters", "6", "--eval-interval", "2"))
-    assert f"the weights became nan/inf at step 3; stopped without saving, the last good checkpoint is " \
-           f"{tmp_path / 'ckpt.pt'} (step 2)" in line
+    assert "the weights diverged at step 3 (loss nan on a val batch); stopped without saving, the last good " \
+           f"checkpoint is {tmp_path / 'ckpt.pt'} (step 2)" in line
     assert load_checkpoint(tmp_path)["step"] == 2
 
 
@@ -225,10 +228,13 @@ def test_a_checkpoint_with_nan_weights_is_one_line_wherever_it_is_loaded(tmp_pat
 
 def test_a_fresh_run_over_a_trained_one_is_refused(tmp_path, data_root, capsys):
     assert train.main(args(tmp_path, data_root)) == 0
-    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
-    line = fails(capsys, train.main, args(tmp_path, data_root, "--max-iters", "1"))
-    assert f"{tmp_path} holds a trained run; continue it with --resume, or start over in another --out-dir" in line
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    (tmp_path / ".notes.v1.tmp").write_text("the user's, not a save's")
+    for kept in ("ckpt.pt", "best.pt"):  # best.pt alone: ckpt.pt deleted to save disk
+        before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+        line = fails(capsys, train.main, args(tmp_path, data_root, "--max-iters", "1"))
+        assert f"{tmp_path} holds a trained run; continue it with --resume, or start over in another --out-dir" in line
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+        (tmp_path / "ckpt.pt").unlink(missing_ok=True)
 
 
 def test_a_run_dir_as_config_gives_its_settings_not_its_place(tmp_path, data_root, capsys):
@@ -299,3 +305,13 @@ def test_the_dataset_of_a_run_cannot_be_prepared_again_during_it(tmp_path, monke
     assert train.main(args(tmp_path / "run", root, "--dataset", "mini", "--block-size", "8")) == 0
     assert refused == ["dataset mini is in use by a run; wait for it to finish, or prepare it under another name"]
     prepare(text=root / "mini.txt", tokenizer="char", name="mini", out_root=root, force=True, verbose=False)  # after it
+
+
+def test_a_dataset_folder_no_one_can_write_still_trains(tmp_path, data_root, capsys):
+    root = tmp_path / "prepared"
+    root.mkdir()
+    prepare_text(root, "mini", SHAKESPEARE[:3000])
+    (root / ".mini.lock").mkdir()  # the lock file cannot be opened, as on a read-only mount (root ignores modes)
+    assert train.main(args(tmp_path / "run", root, "--dataset", "mini", "--block-size", "8")) == 0
+    assert "cannot write" in fails(capsys, prepare_main, ["--text", str(root / "mini.txt"), "--name", "mini",
+                                                          "--tokenizer", "char", "--out-root", str(root), "--force"])

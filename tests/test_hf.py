@@ -300,6 +300,24 @@ def test_export_refuses_a_target_holding_anything_but_an_earlier_export_of_the_s
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
 
 
+def test_two_checkpoint_files_of_one_folder_are_two_models(tmp_path, capsys):
+    random_run(tmp_path, "char", 65)  # ckpt.pt, manifest.json
+    os.replace(tmp_path / "ckpt.pt", tmp_path / "a.pt")
+    random_run(tmp_path, "char", 65, n_embd=24)
+    os.replace(tmp_path / "ckpt.pt", tmp_path / "b.pt")
+    assert main(["export", str(tmp_path / "a.pt"), str(tmp_path / "hf")]) == 0
+    assert main(["export", str(tmp_path / "b.pt"), str(tmp_path / "hf")]) == 2  # not a's export's update
+    assert "holds files that are not an earlier export of" in capsys.readouterr().err
+
+
+def test_a_killed_exports_folder_is_removed_by_the_next_export(tmp_path):
+    run = random_run(tmp_path / "run", "char", 65)
+    (tmp_path / ".hf.4194305.tmp").mkdir()  # a pid above Linux's limit: its process is gone
+    (tmp_path / ".hf.4194305.tmp/model.safetensors").write_bytes(b"half a model")
+    export_run(run, tmp_path / "hf")
+    assert sorted(os.listdir(tmp_path)) == ["hf", "run"]
+
+
 def test_exporting_again_replaces_the_runs_earlier_export_whole(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = random_run(tmp_path / "run", "gpt2", 50304)

@@ -24,7 +24,7 @@ from data.manifest import VOCABULARY, differences, read_dataset_manifest
 from data.prepare import dataset_dir, hold_dataset
 from data.tokenfile import read_tokens
 from data.tokenizer import tokenizer_from_manifest
-from model.checkpoint import CKPT_NAME, is_checkpoint, load_checkpoint, model_from_checkpoint, save_checkpoint
+from model.checkpoint import BEST_NAME, CKPT_NAME, is_checkpoint, load_checkpoint, model_from_checkpoint, save_checkpoint
 from model.gpt import GPT
 from model.hf import load_pretrained
 from training.optim import configure_optimizer
@@ -199,18 +199,26 @@ def final_estimate(run: Run) -> Callable[[float], float]:
     checkpoint's write. Not a share of a step's time: that share differs between CPUs."""
     cfg, model = run.cfg, run.model
     eval_batch = cfg.eval_batch_size or cfg.batch_size
-    x, y = next(eval_batches(run.ds_dir / "val.bin", cfg.block_size, eval_batch, run.rt.device, max_batches=1))
-    model.eval()
-    with torch.no_grad(), run.rt.autocast():
-        for _ in range(2):
-            t0 = time.perf_counter()
-            model(x, y)[1].item()  # .item(): wait for the device
-    model.train()
+    for _ in range(2):
+        t0 = time.perf_counter()
+        probe_loss(run)
     val_tokens = min(run.manifest["val_tokens"], cfg.eval_iters * eval_batch * cfg.block_size or math.inf)
     evaluating = (time.perf_counter() - t0) * 2 * math.ceil(val_tokens / (eval_batch * cfg.block_size))  # val, train
     saving = SAVE_FIXED_S + CKPT_BYTES_PER_WEIGHT_BYTE * sum(p.numel() * p.element_size() for p in model.parameters()) \
         / DISK_BYTES_PER_S
     return lambda step_seconds: evaluating + saving + (run.log.plot_cost if run.log else 0.0)
+
+
+def probe_loss(run: Run) -> float:
+    """The loss on the first val batch, in eval mode (no random draw): a cheap look at the weights."""
+    cfg = run.cfg
+    x, y = next(eval_batches(run.ds_dir / "val.bin", cfg.block_size, cfg.eval_batch_size or cfg.batch_size,
+                             run.rt.device, max_batches=1))
+    run.model.eval()
+    with torch.no_grad(), run.rt.autocast():
+        loss = run.model(x, y)[1].item()  # .item(): waits for the device
+    run.model.train()
+    return loss
 
 
 def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
@@ -225,7 +233,7 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     ckpt = load_checkpoint(run_dir / CKPT_NAME) if cfg.resume else None
     if ckpt is not None:
         check_resumable(cfg, ckpt, run_dir, manifest)
-    elif master and (run_dir / CKPT_NAME).is_file():
+    elif master and ((run_dir / CKPT_NAME).is_file() or (run_dir / BEST_NAME).is_file()):
         raise UserError(f"{run_dir} holds a trained run; continue it with --resume, or start over in another "
                         f"--out-dir (or after deleting {run_dir})")
     model, cfg = build_model(cfg, manifest, ckpt)
@@ -291,10 +299,12 @@ def diverged(run: Run, what: str) -> TrainingDiverged:
 
 
 def save(run: Run) -> None:
-    """Write ckpt.pt, never from weights that are not finite: they would replace the last good one."""
+    """Write ckpt.pt, never from weights that blew up (a stop can land right after such an update, which
+    leaves them finite but huge): they would replace the last good checkpoint."""
     st = run.state
-    if not torch.stack([p.isfinite().all() for p in run.model.parameters()]).all():
-        raise diverged(run, f"the weights became nan/inf at step {st.step}")
+    loss = probe_loss(run)
+    if not (math.isfinite(loss) and torch.stack([p.isfinite().all() for p in run.model.parameters()]).all()):
+        raise diverged(run, f"the weights diverged at step {st.step} (loss {loss} on a val batch)")
     save_checkpoint(run.run_dir, {
         "model": run.model.state_dict(), "model_config": asdict(run.model.config),
         "train_config": run.cfg.to_dict(), "optimizer": run.optimizer.state_dict(),
@@ -337,7 +347,8 @@ def lock_run_dir(run_dir: str | Path) -> IO[str]:
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     # Every writer of this directory holds the lock, so these temp files' writers are dead.
-    stale = [p for p in run_dir.glob(".*.*.tmp") if p.is_file()]
+    stale = [p for name in (CKPT_NAME, BEST_NAME, "config.json", "manifest.json", "loss.png")
+             for p in run_dir.glob(f".{name}.*.tmp") if p.is_file()]  # atomic_write's, not the user's
     for p in stale:
         p.unlink(missing_ok=True)
     if stale:
