@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from configs import TrainConfig, parse_config
 from configs.cli import ArgumentParser, Flag, integer, number
-from configs.errors import UserError, entry_point
+from configs.errors import entry_point
 from data.loader import GlobalBatchLoader
 from model.checkpoint import BEST_NAME, CKPT_NAME, keep_best
 from training.budget import StopSignal, TimeBudget
@@ -259,12 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     planning = parser.add_argument_group("plan (nothing is trained)")
     planning.add_argument("--plan", action=Flag, help="print parameters, FLOPs, memory per GPU and time")
     planning.add_argument("--gpu", default="h100", help="the GPU to plan for (a100-40gb, 4090, ...)")
-    planning.add_argument("--nproc", type=integer, default=1, help="GPUs (DDP processes)")
-    planning.add_argument("--mfu", type=number, default=DEFAULT_MFU, help="the model FLOPs utilisation assumed")
+    planning.add_argument("--nproc", type=integer.within(">= 1"), default=1, help="GPUs (DDP processes)")
+    planning.add_argument("--mfu", type=number.within("(0, 1]"), default=DEFAULT_MFU,
+                          help="the model FLOPs utilisation assumed")
     cfg, args = parse_config(parser, argv)
     if args.plan:
-        if args.nproc < 1 or not 0 < args.mfu <= 1:
-            raise UserError(f"--nproc must be at least 1 and --mfu in (0, 1], got {args.nproc} and {args.mfu}")
         print(plan_report(cfg, vocab_size(cfg), args.gpu, args.nproc, args.mfu))
         return 0
     try:

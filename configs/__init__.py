@@ -24,14 +24,15 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
-from .cli import ArgumentParser, argument, closest, converter, integer, seed
+from .cli import ArgumentParser, Number, argument, closest, converter, seed
 from .errors import UserError
-from .model import GPTConfig
+from .model import BOUNDS, GPTConfig
 
 
-def _field(default: Any, help: str, section: str = "") -> Any:
-    """A TrainConfig field with its --help line; `section` starts a new group in --help."""
-    return field(default=default, metadata={"help": help, "section": section})
+def _field(default: Any, help: str, section: str = "", bounds: str = "") -> Any:
+    """A TrainConfig field with its --help line; `section` starts a new group in --help; a number's
+    `bounds` (default: GPTConfig's for a model field, else >= 0) hold for its flag, config files and code."""
+    return field(default=default, metadata={"help": help, "section": section, "bounds": bounds})
 
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
@@ -50,7 +51,7 @@ class TrainConfig:
     n_head: int = _field(4, "attention heads per block; must divide n_embd")
     n_embd: int = _field(128, "width of the residual stream")
     block_size: int = _field(64, "context length in tokens")
-    vocab_size: int = _field(0, "0 = the tokenizer's; larger pads the embedding (e.g. 50304)")
+    vocab_size: int = _field(0, "0 = the tokenizer's; larger pads the embedding (e.g. 50304)", bounds=">= 0")
     dropout: float = _field(0.0, "only while training; > 0 helps small data, not big corpora")
     bias: bool = _field(True, "biases in Linear layers and norms, as GPT-2 has")
     pos_emb: Literal["learned", "rope"] = _field("learned", "learned absolute positions (GPT-2) or rotary")
@@ -71,21 +72,21 @@ class TrainConfig:
     lr_schedule: Literal["cosine", "wsd", "constant"] = _field("cosine", "after warmup: half a cosine to min_lr; "
                                                                "warmup-stable-decay; or constant")
     lr_decay_iters: int = _field(0, "where the schedule reaches min_lr; 0 = max_iters")
-    decay_frac: float = _field(0.2, "wsd: the final fraction of the run spent decaying")
+    decay_frac: float = _field(0.2, "wsd: the final fraction of the run spent decaying", bounds="(0, 1]")
     weight_decay: float = _field(0.1, "AdamW weight decay of matrices (not of biases and norms)")
     optimizer: Literal["adamw", "muon"] = _field("adamw", "muon: Muon for the block matrices, AdamW for the rest")
     muon_lr: float = _field(0.02, "Muon's peak learning rate")
-    muon_momentum: float = _field(0.95, "Muon's momentum")
-    beta1: float = _field(0.9, "AdamW beta1")
-    beta2: float = _field(0.99, "AdamW beta2")
+    muon_momentum: float = _field(0.95, "Muon's momentum", bounds="[0, 1)")
+    beta1: float = _field(0.9, "AdamW beta1", bounds="[0, 1)")
+    beta2: float = _field(0.99, "AdamW beta2", bounds="[0, 1)")
     grad_clip: float = _field(1.0, "clip the global gradient norm to this; 0 = off")
-    max_iters: int = _field(2000, "optimizer steps", "run length, evaluation and logging")
+    max_iters: int = _field(2000, "optimizer steps", "run length, evaluation and logging", bounds=">= 1")
     max_time: float = _field(0.0, "wall-clock budget in seconds, final eval and save included (the LR "
                              "schedule then runs on time); 0 = none")
-    eval_interval: int = _field(250, "steps between evaluation + checkpoint")
+    eval_interval: int = _field(250, "steps between evaluation + checkpoint", bounds=">= 1")
     eval_iters: int = _field(20, "batches per evaluation; 0 = the whole val split")
     eval_batch_size: int = _field(0, "0 = batch_size; eval has no backward pass, so it can be larger")
-    log_interval: int = _field(10, "steps between metrics.jsonl lines and progress-bar updates")
+    log_interval: int = _field(10, "steps between metrics.jsonl lines and progress-bar updates", bounds=">= 1")
     sample_tokens: int = _field(200, "length of the samples printed at the end and sent to wandb; 0 = none")
     device: Device = _field("auto", "auto: cuda > mps > cpu", "system")
     dtype: Dtype = _field("auto", "autocast; auto: bfloat16 on GPUs that have it (else float16 with a grad "
@@ -96,7 +97,7 @@ class TrainConfig:
     threads: int = _field(0, "CPU threads for torch; 0 = torch's default (all cores)")
     seed: int = _field(1337, "seed of every random stream (each DDP rank adds its rank)")
     ddp_timeout: float = _field(600.0, "seconds a process waits for the others; then a hung or stopped one "
-                                "ends the job")
+                                "ends the job", bounds="> 0")
     out_dir: str = _field("", "the run directory; empty = out/<name>")
     resume: bool = _field(False, "continue from out_dir/ckpt.pt")
     init_from: str = _field("", "start from a run dir of ours, a local HF GPT-2 dir or a hub id (gpt2, "
@@ -107,20 +108,12 @@ class TrainConfig:
     wandb_run_name: str = _field("", "empty = the config name")
 
     def __post_init__(self) -> None:
+        for name, check in _CHECKS.items():  # what its flag refuses, a config built in code must not hold either
+            try:
+                check(getattr(self, name))
+            except ArgumentTypeError as e:
+                raise UserError(f"{name} {e}") from None
         self.model_config(vocab_size=1)  # GPTConfig validates the model fields
-        positive = ("max_iters", "eval_interval", "log_interval", "ddp_timeout")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise UserError(f"{name} must be positive, got {getattr(self, name)}")
-        non_negative = ("batch_size", "tokens_per_step", "lr", "min_lr", "warmup_iters",
-                        "lr_decay_iters", "weight_decay", "grad_clip", "max_time", "eval_iters",
-                        "eval_batch_size", "threads", "muon_lr",
-                        "sample_tokens")
-        for name in non_negative:
-            if getattr(self, name) < 0:
-                raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0.0 < self.decay_frac <= 1.0:
-            raise UserError(f"decay_frac must be in (0, 1], got {self.decay_frac}")
         if self.min_lr > self.lr:
             raise UserError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
 
@@ -158,8 +151,18 @@ def model_fields() -> tuple[str, ...]:
 
 
 FIELDS = tuple(f.name for f in fields(TrainConfig))
-BASE = TrainConfig()
 _TYPES = get_type_hints(TrainConfig)
+
+
+def micro_batch(value: Any) -> int:
+    """--batch-size: a whole number, or auto (0, as config files hold it: plan.auto_batch_size picks it at start)."""
+    auto = str(value).lower() == "auto" or (type(value) is int and value == 0)
+    return 0 if auto else Number(int, ">= 1", "a whole number >= 1 or auto")(value)
+
+
+_CHECKS = {f.name: {"batch_size": micro_batch, "seed": seed}.get(f.name) or converter(
+    _TYPES[f.name], f.metadata["bounds"] or BOUNDS.get(f.name, ">= 0")) for f in fields(TrainConfig)}
+BASE = TrainConfig()
 
 
 def available_configs() -> list[str]:
@@ -207,7 +210,7 @@ def config_file(path: Path) -> TrainConfig:
             raise UserError(f"{path}: unknown key {key!r}; " + (f"did you mean {hint!r}? " if hint else "")
                             + "the keys are TrainConfig's fields (train.py --help)")
         try:
-            values[key] = _CONVERTERS.get(key, converter(_TYPES[key]))(value)
+            values[key] = _CHECKS[key](value)
         except ArgumentTypeError as e:
             raise UserError(f"{path}: {key} {e}") from None
     return replace(base, **{"name": path.stem} | values)
@@ -227,14 +230,6 @@ def resolve_config(config: str) -> TrainConfig:
     return named_config(config)  # unknown: the error names the presets
 
 
-def micro_batch(value: Any) -> int:
-    """--batch-size: a whole number, or auto (0: plan.auto_batch_size picks it at the start of the run)."""
-    return 0 if str(value).lower() == "auto" else integer(value)
-
-
-_CONVERTERS = {"batch_size": micro_batch, "seed": seed}  # fields whose values are not all their type's
-
-
 def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig) -> None:
     """--config (default: `config`, the one selected) and one option per TrainConfig field, in
     --help sections, with defaults from `base`, the config it selected."""
@@ -245,11 +240,9 @@ def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig)
     for f in fields(TrainConfig):
         if f.metadata["section"] not in ("", group.title):
             group = parser.add_argument_group(f.metadata["section"])
-        special = _CONVERTERS.get(f.name)
-        kind = {"type": special, "metavar": "INT|auto" if special is micro_batch else "INT"} if special \
-            else argument(_TYPES[f.name])
-        group.add_argument(f"--{f.name.replace('_', '-')}", default=getattr(base, f.name),
-                           help=f.metadata["help"], **kind)
+        kind = argument(_TYPES[f.name], _CHECKS[f.name]) | ({"metavar": "INT|auto"} if f.name == "batch_size" else {})
+        group.add_argument(f"--{f.name.replace('_', '-')}", default=getattr(base, f.name), help=f.metadata["help"],
+                           **kind)
 
 
 def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> tuple[TrainConfig, Namespace]:

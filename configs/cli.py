@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -34,32 +35,38 @@ def closest(word: str, options: Sequence[str]) -> str | None:
     return close[0] if close else None
 
 
-def integer(value: Any) -> int:
-    """An int from text or a TOML/JSON value; 1e4 and 2_000 are fine, 2.5 and true are not."""
-    try:
-        number = float(value) if isinstance(value, str) and re.search(r"[.eE]", value) else value
-        if isinstance(number, bool) or (isinstance(number, float) and not number.is_integer()):
-            raise ValueError
-        return int(number)
-    except (TypeError, ValueError, OverflowError):
-        raise argparse.ArgumentTypeError(f"expects an integer, got {value!r}") from None
+class Number:
+    """An int or float from text or a TOML/JSON value, finite (1e4 and 2_000 are fine; 2.5 for an int, true, nan
+    are not) and within `bounds`, which the message quotes: integer.within(">= 1"), number.within("[0, 1)")."""
+
+    def __init__(self, kind: type, bounds: str = "", expects: str = "") -> None:
+        self.kind, (self.metavar, self.noun) = kind, ("INT", "an integer") if kind is int else ("FLOAT", "a number")
+        lo, _, hi = re.sub(r"^>=? (\S+)$", r"\1,inf", bounds or "-inf,inf").strip("[]() ").partition(",")
+        self.lo, self.hi, self.closed = float(lo), float(hi), (bounds.startswith(("[", ">=")), bounds.endswith("]"))
+        self.expects = expects or f"{self.noun} {'in ' * (bounds[:1] in '[(')}{bounds}"
+
+    def within(self, bounds: str) -> Number:
+        return Number(self.kind, bounds)
+
+    def holds(self, x: float) -> bool:
+        return (self.lo < x or self.closed[0] and x == self.lo) and (x < self.hi or self.closed[1] and x == self.hi)
+
+    def __call__(self, value: Any) -> Any:
+        try:
+            x = float(value) if self.kind is float or isinstance(value, str) and re.search(r"[.eE]", value) else value
+            if isinstance(value, bool) or (self.kind is int and isinstance(x, float) and not x.is_integer()):
+                raise ValueError
+            x = self.kind(x)
+        except (TypeError, ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"expects {self.noun}, got {value!r}") from None
+        if not self.holds(x):  # inf and nan too: no option means them (max_time 0 is none)
+            expects = self.expects if abs(x) < math.inf else "a finite number"
+            raise argparse.ArgumentTypeError(f"expects {expects}, got {value!r}")
+        return x
 
 
-def seed(value: Any) -> int:
-    """A seed in [0, 2**32): torch's CPU generator keeps 32 bits of it, so 2**32 would repeat 0."""
-    n = integer(value)
-    if not 0 <= n < 2**32:
-        raise argparse.ArgumentTypeError(f"expects a seed from 0 to 2**32 - 1 (torch keeps 32 bits), got {value!r}")
-    return n
-
-
-def number(value: Any) -> float:
-    try:
-        if isinstance(value, bool):
-            raise ValueError
-        return float(value)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expects a number, got {value!r}") from None
+integer, number = Number(int), Number(float)
+seed = Number(int, f"[0, {2**32})", "a seed from 0 to 2**32 - 1 (torch keeps 32 bits)")  # 2**32 would repeat 0
 
 
 def boolean(value: Any) -> bool:
@@ -85,12 +92,12 @@ class Choice:
                                          + (f"; did you mean {hint!r}?" if hint else ""))
 
 
-def converter(annotation: Any) -> Callable[[Any], Any]:
+def converter(annotation: Any, bounds: str = "") -> Callable[[Any], Any]:
     """The function that checks and converts a command-line string or a TOML/JSON value to
-    `annotation` (int, float, bool, str or a Literal of strings); it raises ArgumentTypeError."""
+    `annotation` (int or float within `bounds`, bool, str or a Literal of strings); it raises ArgumentTypeError."""
     if get_origin(annotation) is Literal:
         return Choice(get_args(annotation))
-    return {int: integer, float: number, bool: boolean, str: str}[annotation]
+    return {int: integer.within(bounds), float: number.within(bounds), bool: boolean, str: str}[annotation]
 
 
 def one_of(options: Sequence[str]) -> dict[str, Any]:
@@ -99,13 +106,11 @@ def one_of(options: Sequence[str]) -> dict[str, Any]:
     return {"type": Choice(options), "choices": tuple(options)}
 
 
-def argument(annotation: Any) -> dict[str, Any]:
-    """add_argument keywords for a value of type `annotation` (see converter)."""
+def argument(annotation: Any, check: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """add_argument keywords for a value of type `annotation`, checked by `check` (default: see converter)."""
     if annotation is bool:
         return {"action": Flag}
-    if get_origin(annotation) is Literal:
-        return one_of(get_args(annotation))
-    return {"type": converter(annotation)}
+    return {"type": check or converter(annotation), "choices": get_args(annotation) or None}
 
 
 class Flag(argparse.Action):
@@ -135,7 +140,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{help} (default: %(default)r)".lstrip()
 
     def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
-        return {integer: "INT", number: "FLOAT"}.get(action.type, action.dest.upper())  # type: ignore[arg-type]
+        return getattr(action.type, "metavar", action.dest.upper())
 
     def _format_action_invocation(self, action: argparse.Action) -> str:
         if isinstance(action, Flag):
@@ -162,6 +167,7 @@ class ArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, allow_abbrev=False, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\.?\d|inf|nan)", re.I)  # `--lr -1e-3`: a value, no option
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:

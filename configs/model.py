@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .cli import integer, number
 from .errors import UserError
 
 CHOICES = {
@@ -13,6 +14,8 @@ CHOICES = {
     "activation": ("gelu", "gelu_exact", "relu2"),
     "attention": ("sdpa", "explicit"),
 }
+
+BOUNDS = dict.fromkeys("vocab_size block_size n_layer n_head n_embd mlp_ratio".split(), ">= 1") | {"dropout": "[0, 1)"}
 
 
 @dataclass
@@ -40,10 +43,10 @@ class GPTConfig:
     attention: str = "sdpa"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise UserError(f"model config: {name} must be a positive integer, got {value!r}")
+        for name, bounds in BOUNDS.items():  # and TrainConfig's flags of these names, as they are parsed
+            value, rule = getattr(self, name), (number if name == "dropout" else integer).within(bounds)
+            if type(value) not in (int, rule.kind) or not rule.holds(value):  # no bool, no 2.0 for an int
+                raise UserError(f"model config: {name} expects {rule.expects}, got {value!r}")
         if self.n_embd % self.n_head:
             raise UserError(
                 f"model config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
@@ -51,8 +54,6 @@ class GPTConfig:
             )
         if self.pos_emb == "rope" and self.head_size % 2:
             raise UserError(f"model config: rope needs an even head size, got {self.head_size}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise UserError(f"model config: dropout must be in [0, 1), got {self.dropout}")
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise UserError(f"model config: {name} must be one of {allowed}, got {getattr(self, name)!r}")

@@ -84,3 +84,26 @@ def test_prepare_takes_both_spellings_and_boolean_forms(monkeypatch, tmp_path):
 def test_model_trace_takes_both_spellings(capsys):
     assert model_main(["--config=tiny", "--seq_len", "4", "--batch-size=2", "--blocks", "0"]) == 0
     assert "input idx (2, 4) token ids" in capsys.readouterr().out
+
+
+# Every numeric option of the other scripts, with values it must refuse before any work starts
+NUMERIC = [("sample", "--num-samples", ["0", "nan", "inf", "-1e-3"]), ("sample", "--max-new-tokens", ["-1", "nan"]),
+           ("sample", "--temperature", ["nan", "inf", "-inf", "-1e-3"]), ("sample", "--top-k", ["0", "nan", "-1e-3"]),
+           ("sample", "--top-p", ["nan", "inf", "0", "1.5", "-1e-3"]), ("sample", "--seed", ["-1", str(2**64)]),
+           ("sample", "--batch-size", ["0", "nan"]), ("sample", "--threads", ["-1", "inf"]),
+           ("sample", "--layer", ["nan", "1.5"]),
+           ("prepare", "--val-fraction", ["nan", "inf", "0", "1", "1.5", "-1e-3"]), ("prepare", "--num-proc", ["0", "-1"]),
+           ("train", "--nproc", ["0", "nan"]), ("train", "--mfu", ["0", "1.5", "nan", "inf", "-1e-3"])]
+VALUES = [(script, option, value) for script, option, values in NUMERIC for value in values]
+
+
+@pytest.mark.parametrize("script, option, value", VALUES, ids=[f"{s}:{o}={v}" for s, o, v in VALUES])
+def test_numeric_options_of_every_script_refuse_bad_values_by_name(monkeypatch, tmp_path, capsys, script, option, value):
+    monkeypatch.setattr(prep, "prepare", lambda *a, **kw: pytest.fail("prepared"))
+    monkeypatch.setattr(train, "train", lambda cfg: pytest.fail("trained"))
+    before = {"sample": ["--ckpt", str(tmp_path / "none")], "prepare": ["shakespeare_char"],
+              "train": ["--config", "tiny", "--plan"]}[script]
+    assert SCRIPTS[script]([*before, option, value]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(f"error: {option}"), err
+    assert "expected one argument" not in err, err  # the value reached the option's converter

@@ -1,6 +1,7 @@
 """Configs: named presets, TOML files, run directories, command-line overrides, train.py's --help."""
 
 from dataclasses import fields, replace
+from typing import get_type_hints
 
 import pytest
 
@@ -121,3 +122,49 @@ def test_main_prints_error_line_and_exits_2(capsys):
     assert err.startswith("error: unknown option '--max-iter'; did you mean --max-iters?") and "Traceback" not in err
     assert train.main(["--config=nope"]) == 2
     assert train.main(["--help"]) == 0 and "--max-iters" in capsys.readouterr().out
+
+
+TYPES = get_type_hints(TrainConfig)
+NUMERIC = [f.name for f in fields(TrainConfig) if TYPES[f.name] in (int, float)]
+# Beyond nan, inf, -inf and negatives, which no numeric option takes: each option's other refusals
+REFUSES = {"beta1": ["1", "1e9"], "beta2": ["1.5"], "muon_momentum": ["7", "1"], "dropout": ["1"],
+           "decay_frac": ["0", "1.5"], "seed": [str(2**64)], "ddp_timeout": ["0"], "batch_size": ["0"]} | dict.fromkeys(
+    ("max_iters", "eval_interval", "log_interval", "n_layer", "n_head", "n_embd", "block_size"), ["0"])
+CASES = [(name, value) for name in NUMERIC for value in ("nan", "inf", "-inf", "-1", "-1e-3", *REFUSES.get(name, ()))]
+
+
+@pytest.mark.parametrize("name, value", CASES, ids=[f"{n}={v}" for n, v in CASES])
+def test_every_numeric_option_refuses_nan_inf_and_out_of_range_when_parsed(monkeypatch, capsys, name, value):
+    monkeypatch.setattr(train, "train", lambda cfg: pytest.fail(f"trained with {name}={value}"))
+    option = f"--{name.replace('_', '-')}"
+    assert train.main(["--config", "tiny", option, value]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(f"error: {option}: expects "), err
+
+
+def test_bounds_are_stated_in_the_message_and_hold_for_files_and_code(tmp_path):
+    for argv, message in [(["--lr", "-1e-3"], "--lr: expects a number >= 0, got '-1e-3'"),
+                          (["--batch-size", "0"], "--batch-size: expects a whole number >= 1 or auto, got '0'"),
+                          (["--max-time", "nan"], "--max-time: expects a finite number, got 'nan'"),
+                          (["--muon-momentum", "7"], "--muon-momentum: expects a number in [0, 1), got '7'")]:
+        with pytest.raises(UserError) as e:
+            load_config("tiny", argv)
+        assert str(e.value) == message
+    edges = ["--lr", "0", "--min-lr", "0", "--beta1", "0", "--decay-frac", "1", "--max-time", "0", "--batch-size", "auto"]
+    cfg = load_config("tiny", edges + ["--muon-momentum", "0.999", "--ddp-timeout", "1e-3", "--warmup-iters", "0"])
+    assert (cfg.lr, cfg.beta1, cfg.decay_frac, cfg.batch_size, cfg.muon_momentum) == (0, 0, 1, 0, 0.999)
+    path = tmp_path / "mine.toml"
+    path.write_text('base = "tiny"\nbatch_size = 0\n')  # auto, as a run's config.json stores it
+    assert load_config(str(path)).batch_size == 0
+    path.write_text("muon_momentum = 7\n")
+    with pytest.raises(UserError, match=r"mine.toml: muon_momentum expects a number in \[0, 1\), got 7$"):
+        load_config(str(path))
+    path.write_text("max_time = inf\n")
+    with pytest.raises(UserError, match="mine.toml: max_time expects a finite number, got inf$"):
+        load_config(str(path))
+    for bad, message in [(dict(lr=-1), "lr expects a number >= 0, got -1"),
+                         (dict(grad_clip=float("nan")), "grad_clip expects a finite number, got nan"),
+                         (dict(max_iters=0), "max_iters expects an integer >= 1, got 0")]:
+        with pytest.raises(UserError) as e:
+            replace(load_config("tiny"), **bad)
+        assert str(e.value) == message
