@@ -37,7 +37,7 @@ from data.loader import GlobalBatchLoader
 from model.checkpoint import BEST_NAME, CKPT_NAME, keep_best
 from training.budget import StopSignal, TimeBudget
 from training.optim import lr_multiplier, set_lr
-from training.plan import DEFAULT_MFU, plan_report
+from training.plan import DEFAULT_MFU, out_of_memory, plan_report
 from training.run import (Run, diverged, eval_only, evaluate, final_estimate, lock_run_dir, sample_text, save,
                           start_run, vocab_size)
 from training.runtime import Runtime, setup
@@ -175,6 +175,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                     run.log.plot()  # a crash or nan: still draw what was logged
                     run.log.close(exit_code=exit_code(stopped) if stopped else 1)  # None: it failed
             return finish(run, stopped, t_start)
+    except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        if (oom := out_of_memory(e, rt.device)) is None:
+            raise
+        raise oom from None
     finally:
         rt.close()
 

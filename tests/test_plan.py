@@ -1,6 +1,8 @@
 """training/plan.py: memory estimates against the CPU's measured peak, the --plan report, --batch-size auto."""
 
 import json
+import os
+import re
 from dataclasses import replace
 
 import pytest
@@ -120,3 +122,83 @@ def test_batch_size_auto_keeps_tokens_per_step(tmp_path, monkeypatch, capsys):
     assert "batch-size auto: 4 sequences per micro-batch x 2 accumulation" in capsys.readouterr().out
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["batch_size"] == 4 and saved["tokens_per_step"] == 256
+
+
+def run_args(out_dir, data_root, *extra):
+    return ["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--out-dir", str(out_dir),
+            "--data-root", str(data_root), *extra]
+
+
+def one_error_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in text, text[-3000:]
+    return lines[0]
+
+
+def test_a_run_that_cannot_fit_is_refused_before_the_model_is_built(tmp_path, data_root, monkeypatch, capsys):
+    import training.run
+
+    argv = run_args(tmp_path, data_root, "--block-size", "2048", "--batch-size", "16", "--attention", "explicit")
+    cfg = load_config("tiny", argv)
+    rt = setup(device="cpu", dtype="auto", seed=None)
+    need = plan.Estimate.of(plan.meta_model(cfg, 65), cfg, rt.dtype != torch.float32).memory(16)["total"]
+    assert need > plan.GiB  # the (2048, 2048) attention scores of 16 sequences, per head and layer
+    monkeypatch.setattr(plan, "free_memory", lambda device: need / 2)
+    monkeypatch.setattr(training.run, "build_model", lambda *a: pytest.fail("built the model"))
+    assert train.main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"needs about {need / plan.GiB:.1f} GiB (the plan: --plan) but the cpu has " \
+           f"{need / 2 / plan.GiB:.1f} GiB available; use --batch-size auto, a smaller --block-size" in line
+    assert not (tmp_path / "ckpt.pt").exists()
+
+    cfg = tiny(block_size=16384)  # a peak of 0.6 GiB in training, but each mask is made from a copy first
+    need = plan.Estimate.of(plan.meta_model(cfg, 65), cfg, rt.dtype != torch.float32).memory(4)["total"]
+    monkeypatch.setattr(plan, "free_memory", lambda device: need)
+    with pytest.raises(UserError, match=r"needs about 0\.8 GiB .* has 0\.6 GiB available"):
+        plan.check_fits(cfg, 65, rt)
+
+
+def test_the_issues_command_is_refused_within_a_4_gb_address_space(tmp_path, data_root):
+    """The issue's command, run so that today's code cannot take the machine down: it died with a
+    traceback, allocating its first 10 GB mask; now the plan refuses it before any big allocation."""
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+    cmd = [sys.executable, "train.py", *run_args(tmp_path, data_root, "--config", "small", "--block-size", "100000",
+                                                  "--max-iters", "1")]
+    proc = subprocess.run(cmd, cwd=Path(train.__file__).parent, capture_output=True, text=True, timeout=120,
+                          preexec_fn=limit, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    line = one_error_line(proc.stderr)
+    assert proc.returncode == 2 and re.search(r"this run needs about [\d,.]+ GiB \(the plan: --plan\) but the "
+                                              r"cpu has [\d.]+ GiB available; use --batch-size auto", line), line
+
+
+@pytest.mark.parametrize("error", [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
+                 "to allocate 40000000000 bytes. Error code 12 (Cannot allocate memory)"),
+    MemoryError(),
+], ids=["cuda", "cpu", "python"])
+def test_out_of_memory_in_training_is_one_line_and_keeps_the_checkpoint(error, tmp_path, data_root, monkeypatch,
+                                                                        capsys):
+    real, steps, saved = GPT.forward, [], {}
+
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled():  # a training step (evals run without grad)
+            steps.append(len(steps) + 1)
+            if len(steps) == 3:
+                saved.update({p.name: p.read_bytes() for p in tmp_path.glob("*.pt")})
+                raise error
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    assert train.main(run_args(tmp_path, data_root, "--max-iters", "4", "--eval-interval", "2")) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: out of memory on cpu (") and "use --batch-size auto, a smaller --block-size" in line
+    assert "ckpt.pt" in saved and saved == {p.name: p.read_bytes() for p in tmp_path.glob("*.pt")}
+    assert plan.out_of_memory(RuntimeError("an unrelated bug"), "cpu") is None  # keeps its traceback

@@ -10,6 +10,7 @@ checked against measured peaks (benchmarks/memory.py, tests/test_plan.py): docs/
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections import Counter
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from configs import TrainConfig
-from configs.errors import UserError
+from configs.errors import UserError, first_line
 from configs.model import GPTConfig
 from model.gpt import GPT
 
@@ -27,6 +28,7 @@ F32 = 4  # bytes of a float32: parameters, gradients, optimizer state, the resid
 GiB = 2**30
 USABLE = 0.9  # share of a GPU's memory to plan on: the CUDA context and the allocator's fragmentation take the rest
 DEFAULT_MFU = 0.3  # what nanoGPT's GPT-2 runs reach; tiny models reach far less (docs/planning.md)
+ADVICE = "use --batch-size auto, a smaller --block-size or a smaller model"
 MFU_SOURCE = "nanoGPT's GPT-2 124M run: 4 days on 8 A100 = 29%"
 
 
@@ -50,17 +52,15 @@ def count(model: torch.nn.Module, cfg: TrainConfig) -> Counts:
 
     opt = configure_optimizer(model, cfg, fused=False)  # no state is allocated before the first step
     muon = [p for o in opt.optimizers if isinstance(o, Muon) for g in o.param_groups for p in g["params"]]
-    shapes: Counter[torch.Size] = Counter()
-    for p in muon:
-        shapes[p.shape] += p.numel()
+    groups = Counter(p.shape for p in muon)  # weights of one shape are orthogonalized as one batch
     linear = [p for m in model.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters()]
     embed = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
-    n_muon = sum(shapes.values())
+    n_muon = sum(p.numel() for p in muon)
     return Counts(
         params=model.num_params(), embedding=sum(p.numel() for p in embed),
         matmul=sum(p.numel() for p in linear), buffers=sum(b.numel() * b.element_size() for b in model.buffers()),
         adamw=sum(p.numel() for g in opt.param_groups for p in g["params"]) - n_muon, muon=n_muon,
-        muon_group=max(shapes.values(), default=0),
+        muon_group=max((shape.numel() * n for shape, n in groups.items()), default=0),
         flops_per_token=model.flops_per_token(cfg.block_size))
 
 
@@ -152,9 +152,7 @@ class Estimate:
     def largest_batch(self, budget: float, divides: int = 0) -> int:
         """The largest micro-batch whose peak fits in budget bytes (0 if none); with divides, the
         largest divisor of that number, so gradient accumulation keeps the global batch."""
-        if self.memory(1)["total"] > budget:
-            return 0
-        best, over = 1, 2  # memory grows with the batch: double past the budget, then bisect
+        best, over = 0, 1  # memory grows with the batch: double past the budget, then bisect
         while self.memory(over)["total"] <= budget:
             best, over = over, 2 * over
         while over - best > 1:
@@ -202,16 +200,47 @@ def sequences_per_step(cfg: TrainConfig, nproc: int) -> int:
     return batch * replace(cfg, batch_size=batch).accumulation(nproc)
 
 
+def least_free(rt: Any) -> float:
+    """free_memory on the run's device, the least over the processes: they must all decide alike."""
+    free = torch.tensor(float(free_memory(rt.device)), device=rt.device)
+    if rt.ddp:
+        torch.distributed.all_reduce(free, op=torch.distributed.ReduceOp.MIN)
+    return free.item()
+
+
+def check_fits(cfg: TrainConfig, vocab_size: int, rt: Any) -> None:
+    """Refuse a run whose planned peak exceeds its device's free memory before the model is built (its
+    masks alone take block_size^2 bytes a layer): else the kernel kills it unannounced, or CUDA fails."""
+    try:
+        free = math.inf if rt.device == "mps" else least_free(rt)
+    except (OSError, ValueError):  # neither MemAvailable nor sysconf's page count
+        free = math.inf
+    est = Estimate.of(meta_model(cfg, vocab_size), cfg, rt.dtype != torch.float32, rt.world_size)
+    # each (T, T) mask is made from a temporary of its size, in RAM: there it can be the peak
+    built = est.memory(0)["weights and buffers"] + cfg.block_size**2 if rt.device == "cpu" else 0
+    need = max(built, est.memory(cfg.batch_size or 1)["total"])  # --batch-size auto: its smallest choice
+    if need > free:
+        raise UserError(f"this run needs about {need / GiB:.1f} GiB (the plan: --plan) but the {rt.device} has "
+                        f"{free / GiB:.1f} GiB available; {ADVICE}")
+
+
+def out_of_memory(e: BaseException, device: str) -> UserError | None:
+    """The one line for an allocation that failed anyway (the plan is an estimate); None for any
+    other error, which keeps its traceback. Saves are atomic, so the checkpoints on disk are whole."""
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e):
+        size = re.search(r"ried to allocate ([\d.]+ \w+)", str(e))  # CUDA's and the CPU allocator's wording
+        return UserError(f"out of memory on {device} ({f'allocating {size[1]}' if size else first_line(e)}); "
+                         f"{ADVICE}; the checkpoints saved before are kept")
+    return None
+
+
 def auto_batch_size(cfg: TrainConfig, model: GPT, rt: Any) -> TrainConfig:
     """--batch-size auto (batch_size 0): the largest micro-batch that fits USABLE of the free memory
     and divides this process's share of tokens_per_step. Prints what and why."""
-    share = sequences_per_step(cfg, rt.world_size)
-    free = torch.tensor(float(free_memory(rt.device)), device=rt.device)
-    if rt.ddp:  # every rank must pick the same size, so plan on the fullest device
-        torch.distributed.all_reduce(free, op=torch.distributed.ReduceOp.MIN)
+    share, free = sequences_per_step(cfg, rt.world_size), least_free(rt)
     est = Estimate.of(model, cfg, rt.dtype != torch.float32, rt.world_size)
-    fit = est.largest_batch(USABLE * free.item(), divides=share)
-    why = f"{free.item() / GiB:.1f} GiB free on {rt.device}, planning on {USABLE:.0%}"
+    fit = est.largest_batch(USABLE * free, divides=share)
+    why = f"{free / GiB:.1f} GiB free on {rt.device}, planning on {USABLE:.0%}"
     if not fit:
         raise UserError(f"--batch-size auto: even one sequence needs about {est.memory(1)['total'] / GiB:.2f} GiB "
                         f"({why}); lower --block-size, use a smaller model or more processes")
@@ -291,9 +320,8 @@ def _fit_line(est: Estimate, budget: float, share: int, tokens: int) -> str:
     """The largest micro-batch that fits, and the largest that also keeps the step's tokens."""
     fit, keep = est.largest_batch(budget), est.largest_batch(budget, divides=share)
     if fit:
-        return f"fits          up to micro-batch {fit}" + (
-            f"; keeping {tokens:,} tokens/step: {keep} x {share // keep} accumulation" if keep
-            else f", no divisor of the {share} sequences per step")
+        return f"fits          up to micro-batch {fit}; keeping {tokens:,} tokens/step: {keep} x {share // keep} " \
+               "accumulation"
     fixed = est.memory(0)["total"]
     return "fits          nothing: " + (f"{fixed / GiB:.1f} GiB even without activations" if fixed > budget
                                        else f"one sequence needs {est.memory(1)['total'] / GiB:.1f} GiB")

@@ -28,6 +28,7 @@ from model.checkpoint import BEST_NAME, CKPT_NAME, is_checkpoint, load_checkpoin
 from model.gpt import GPT
 from model.hf import load_pretrained
 from training.optim import configure_optimizer
+from training.plan import auto_batch_size, check_fits
 from training.reference import Reference
 from training.runlog import RunLog
 from training.runtime import Runtime, capture_rng_state, restore_rng_state, trainable
@@ -236,10 +237,11 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     elif master and ((run_dir / CKPT_NAME).is_file() or (run_dir / BEST_NAME).is_file()):
         raise UserError(f"{run_dir} holds a trained run; continue it with --resume, or start over in another "
                         f"--out-dir (or after deleting {run_dir})")
+    if not cfg.init_from:  # pretrained weights bring an architecture known only once loaded
+        arch = {k: v for k, v in (ckpt or {}).get("model_config", {}).items() if k in ARCH_FIELDS}
+        check_fits(replace(cfg, **arch), manifest["vocab_size"], rt)  # building allocates the masks
     model, cfg = build_model(cfg, manifest, ckpt)
     if cfg.batch_size == 0:  # --batch-size auto: sized from free memory, before the weights move there
-        from training.plan import auto_batch_size
-
         cfg = auto_batch_size(cfg, model, rt)
     model.to(rt.device)
     optimizer = configure_optimizer(model, cfg, fused=rt.choices.fused_adamw, dtype=rt.choices.dtype)
