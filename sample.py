@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import torch
 
-from configs import Device, Dtype
+from configs import Device, Dtype, load_config
 from configs.cli import ArgumentParser, argument, integer, number, seed
 from configs.errors import UserError, entry_point
 
@@ -130,13 +130,7 @@ def load(args: argparse.Namespace):
     from model.checkpoint import find_checkpoint
     from model.hf import load_pretrained, pretrained_manifest
 
-    where = args.ckpt
-    if args.config:
-        from configs import load_config
-
-        where = load_config(args.config).run_dir
-        if not (where / "ckpt.pt").is_file():
-            raise UserError(f"no checkpoint in {where}; train one first: `python train.py --config {args.config}`")
+    where = load_config(args.config).run_dir if args.config else args.ckpt
     model, ckpt, path = load_pretrained(args.init_from or find_checkpoint(where, best=True))
     tok = tokenizer_from_manifest(pretrained_manifest(path, ckpt))
     train_config = (ckpt or {}).get("train_config")
@@ -159,13 +153,7 @@ def check_vocab(model, tok, where: str, declared: int | None = None) -> None:
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
-    prompts = []
-    for p in args.prompt or []:
-        if p == "-":
-            text = sys.stdin.read()
-            prompts.append(text[:-1] if text.endswith("\n") else text)
-        else:
-            prompts.append(unescape(p))
+    prompts = [sys.stdin.read().removesuffix("\n") if p == "-" else unescape(p) for p in args.prompt or []]
     if args.prompt_file:
         try:
             lines = Path(args.prompt_file).read_text(encoding="utf-8").splitlines()
@@ -236,7 +224,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--show-attention", metavar="PNG", help="save the prompt's attention maps here")
     p.add_argument("--layer", type=integer, default=0,
                    help="layer for --show-attention (negative counts from the end)")
-    return p.parse_args(argv)
+    try:
+        return p.parse_args(argv)
+    except UserError as e:  # argparse calls --out-dir by its first name, --ckpt: name the one typed
+        out_dir = any(a.partition("=")[0] == "--out-dir" for a in (sys.argv[1:] if argv is None else argv))
+        raise UserError(re.sub(r"--ckpt(/--out-dir)?\b", "--out-dir" if out_dir else "--ckpt", str(e))) from None
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -260,6 +252,8 @@ def run(args: argparse.Namespace) -> None:
     check_args(args)
     stops = [unescape(s) for s in args.stop]
     prompts = read_prompts(args)
+    if args.show_attention and len(prompts) > 1:
+        raise UserError(f"--show-attention draws one prompt; give one ({len(prompts)} given)")
     device = "cpu" if args.quantize == "int8" and args.device == "auto" else args.device  # int8 is CPU-only
     rt = setup(device=device, dtype=args.dtype, seed=None, training=False)
     model, tok = load(args)
@@ -280,10 +274,7 @@ def run(args: argparse.Namespace) -> None:
 
         note(f"wrote {plot_attention(model, tok, encoded[0], args.show_attention, args.layer)}")
     generator = torch.Generator(device=rt.device)
-    if args.seed is not None:
-        generator.manual_seed(args.seed)
-    else:
-        generator.seed()
+    generator.manual_seed(args.seed) if args.seed is not None else generator.seed()
 
     def decode(rows: list[int], **stream: Any) -> list[str]:
         return generate_texts(model, tok, [encoded[j] for j in rows], args.max_new_tokens, temperature=args.temperature,

@@ -37,7 +37,7 @@ import numpy as np
 from configs.cli import ArgumentParser, Flag, integer, number, one_of
 from configs.errors import UserError, entry_point
 
-from .files import swap_dir, write_json
+from .files import swap_dir, write_errors, write_json
 from .manifest import read_dataset_manifest
 from .sources import Source, dataset_source, files_source, split_name, text_source
 from .tokenfile import VERSION, dtype_for_vocab, read_tokens, truncate_tokens, write_tokens
@@ -235,13 +235,14 @@ def hold_dataset(ds_dir: str | os.PathLike, *, rebuild: bool = False) -> IO[str]
     import fcntl
 
     path = Path(ds_dir).parent / f".{Path(ds_dir).name}.lock"  # beside: a lock inside would be swapped out
-    path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             lock = open(path, "a+")
         except OSError as e:
             if rebuild:
-                raise UserError(f"cannot write {path.parent} ({e.strerror}); prepare into another --out-root") from None
+                why = ": a file, not a folder;" if path.parent.is_file() else f" ({e.strerror});"
+                raise UserError(f"cannot write {path.parent}{why} prepare into another --out-root") from None
             return open(os.devnull)  # a folder no one can write: no prepare can change it either
         try:
             fcntl.flock(lock, (fcntl.LOCK_EX if rebuild else fcntl.LOCK_SH) | fcntl.LOCK_NB)
@@ -287,8 +288,9 @@ def dataset_dir(name: str, root: str | os.PathLike = DEFAULT_ROOT) -> Path:
     path = Path(root) / name
     if (path / "manifest.json").is_file():
         return path
-    raise UserError(f"dataset {name!r} is neither a preset ({', '.join(PRESETS)}) nor prepared in {path}; "
-                    f"prepare it first: python -m data.prepare --hf <hub dataset> --name {name}")
+    root = "" if Path(root) == DEFAULT_ROOT else f" --out-root {root}"
+    raise UserError(f"dataset {name!r} is neither a preset ({', '.join(PRESETS)}) nor prepared in {path}; prepare it "
+                    f"first: python -m data.prepare --text PATH (or --files FILE ..., --hf DATASET) --name {name}{root}")
 
 
 def prepare(name: str | None = None, *, text: str | os.PathLike | None = None,
@@ -302,7 +304,8 @@ def prepare(name: str | None = None, *, text: str | os.PathLike | None = None,
         raise UserError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     source, tok_name, name = _resolve(name, text, files, hf, subset, split, revision, text_column, streaming, tokenizer)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise UserError(f"dataset name {name!r} must be letters, digits, '.', '_' or '-'; pass --name")
+        raise UserError(f"dataset name {name!r} must start with a letter or digit, then letters, digits, '.', '_' "
+                        "or '-' (it names a folder); pass another --name")
     out_dir = Path(out_root) / name
     if not force and (manifest := _reusable(out_dir, source, tok_name, val_fraction)) is not None:
         if verbose:
@@ -313,7 +316,7 @@ def prepare(name: str | None = None, *, text: str | os.PathLike | None = None,
     t0 = time.perf_counter()
     num_proc = num_proc or min(8, os.cpu_count() or 1)
     single = source.text is not None
-    with _rebuilding(out_dir) as work:
+    with write_errors(out_dir), _rebuilding(out_dir) as work:  # its lock, build folder and swap
         tok, counts, text_hash = (_prepare_single_text if single else _prepare_documents)(
             source, tok_name, work, val_fraction, num_proc, verbose)
         manifest = {

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from configs import available_configs
 from configs.errors import UserError, first_line
 from configs.model import GPTConfig
 from data.files import atomic_write, write_errors
@@ -46,9 +47,15 @@ def find_checkpoint(path: str | Path | None = None, best: bool = False) -> Path:
         p = p / BEST_NAME if best and (p / BEST_NAME).is_file() else p / CKPT_NAME
     if p.is_file():
         return p
+    run = p.parent
+    if p.name == CKPT_NAME and (run / BEST_NAME).is_file():  # what --resume asks for, of a run that kept only best.pt
+        raise UserError(f"{run} has {BEST_NAME} but no {CKPT_NAME} to resume; fine-tune from it with --init-from "
+                        f"{run}, or copy {run / BEST_NAME} to {p} to resume from there")
+    preset = run == Path("out", run.name) and run.name in available_configs()  # where train.py --config NAME writes
+    train = f"--config {run.name}" if preset else f"--config small --out-dir {run}"
     runs = sorted(str(c.parent) for c in Path("out").glob(f"*/{CKPT_NAME}"))
     hint = f" (runs with a checkpoint: {', '.join(runs)})" if runs else ""
-    raise UserError(f"no checkpoint at {p}; train one first, e.g. `python train.py --config small`{hint}")
+    raise UserError(f"no checkpoint at {p}; train one first: `python train.py {train}`{hint}")
 
 
 def keep_best(run_dir: str | Path) -> Path:
@@ -80,12 +87,11 @@ def load_checkpoint(path: str | Path | None = None, map_location: str | torch.de
     try:
         ckpt = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as e:  # truncated zip, random bytes, pickled objects...: all unusable
-        reason = first_line(e)
-        if reason.startswith("Weights only load failed"):  # not torch's advice: weights_only=False runs its code
-            found = re.search(r"GLOBAL (\S+)", str(e))
-            reason = f"it holds pickled Python objects{f' ({found[1]})' if found else ''}, which could run code"
-        raise UserError(f"checkpoint {p} is corrupt or not a checkpoint ({reason}); "
-                        "delete it or point to another run") from None
+        # Not torch's advice (weights_only=False runs the file's code), and only its first sentence.
+        found, reason = re.search(r"GLOBAL (\S+)", str(e)), first_line(e, 300).split(". ")[0]
+        reason = (f" (it holds pickled Python objects ({found[1]}), which could run code)" if found
+                  else "" if reason.startswith("Weights only load failed") else f" ({reason})")
+        raise UserError(f"checkpoint {p} is corrupt or not a checkpoint{reason}; delete it or point to another run") from None
     if not isinstance(ckpt, dict) or not {"model", "model_config"} <= ckpt.keys():
         raise UserError(f"{p} is not a checkpoint of this project (no model/model_config); "
                         "for Hugging Face GPT-2 weights use --init-from <dir>")

@@ -104,6 +104,9 @@ def resolve_init_from(name: str) -> Path:
             return path
         raise UserError(f"--init-from {name}: not a run directory (no ckpt.pt) nor a Hugging Face GPT-2 "
                         "directory (no config.json)")
+    # a hub id is NAME or ORG/NAME; a path, or one whose first folder is here, was meant as a directory
+    if name.startswith((".", "~", "/")) or name.count("/") > 1 or (len(path.parts) > 1 and Path(path.parts[0]).is_dir()):
+        raise UserError(f"--init-from {name}: no such directory: {name}; check the path, or give a hub model id (gpt2)")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 
@@ -115,7 +118,7 @@ def resolve_init_from(name: str) -> Path:
         raise UserError(f"--init-from {name}: no such file or directory (and not a hub model id)") from None
     except LocalEntryNotFoundError:
         pass
-    get = f"`hf download {name} --include '*.json' '*.safetensors' --local-dir models/{name}`"
+    get = f"`hf download {name} {' '.join(f'--include {p!r}' for p in _HUB_FILES)} --local-dir models/{name}`"
     try:
         folder = snapshot_download(name, allow_patterns=_HUB_FILES)
         if not _complete(folder):  # an older repo with only PyTorch pickles
@@ -186,7 +189,6 @@ def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_
     check_exportable(c)
     vocab = vocab_size or c.vocab_size
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     state = {}
     for key, tensor in model.state_dict().items():
         if key == "lm_head.weight" and c.tie_weights:
@@ -214,10 +216,8 @@ def _killed(tmp: Path) -> bool:
     """Whether export's build folder tmp (.NAME.PID.tmp) belongs to a process that no longer runs."""
     try:
         os.kill(int(tmp.name.split(".")[-2]), 0)
-    except ProcessLookupError:
-        return True
-    except (ValueError, OSError):  # not a pid, or someone else's process
-        pass
+    except (ValueError, OSError) as e:  # gone; or not a pid, or someone else's process (PermissionError)
+        return isinstance(e, ProcessLookupError)
     return False
 
 

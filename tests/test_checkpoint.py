@@ -92,3 +92,30 @@ def test_run_dir_lock_dies_with_its_process_and_its_temp_files_are_removed(tmp_p
         holder.wait()
     lock_run_dir(tmp_path).close()  # no stale lock
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+
+
+def test_a_missing_checkpoint_names_its_own_run_and_a_lone_best_pt(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"no checkpoint at out/tiny/ckpt.pt; train one first: `python train.py --config tiny`"):
+        find_checkpoint("out/tiny")
+    with pytest.raises(UserError, match=r"train one first: `python train.py --config small --out-dir runs/mine`"):
+        find_checkpoint("runs/mine")
+    save_checkpoint(tmp_path / "runs/kept", _state(1))
+    (tmp_path / "runs/kept/ckpt.pt").rename(tmp_path / "runs/kept/best.pt")
+    assert find_checkpoint("runs/kept", best=True).name == "best.pt"
+    with pytest.raises(UserError, match=r"runs/kept has best.pt but no ckpt.pt to resume; fine-tune from it with "
+                                        r"--init-from runs/kept, or copy runs/kept/best.pt to runs/kept/ckpt.pt"):
+        load_checkpoint(Path("runs/kept/ckpt.pt"))  # what train.py --resume loads
+
+
+def test_random_bytes_are_not_called_code_and_a_truncated_file_is_one_short_line(tmp_path):
+    (tmp_path / "ckpt.pt").write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(UserError, match="corrupt or not a checkpoint") as e:
+        load_checkpoint(tmp_path)
+    assert "pickled" not in str(e.value) and "could run code" not in str(e.value)
+    save_checkpoint(tmp_path, _state(1))
+    whole = (tmp_path / "ckpt.pt").read_bytes()
+    (tmp_path / "ckpt.pt").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(UserError, match="corrupt or not a checkpoint") as e:
+        load_checkpoint(tmp_path)
+    assert len(str(e.value)) < 250 and "miniz" not in str(e.value), str(e.value)

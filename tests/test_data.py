@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -503,3 +504,56 @@ def test_loader_edges_and_its_draws_exactly(tmp_path, token_file):
     write_tokens(path, np.arange(4 * 2 + 1), vocab_size=16)  # 4 windows of 2, and the last target
     epoch = BatchLoader(path, block_size=2, batch_size=4, sampling="epoch")
     assert sorted(epoch.next_batch()[0][:, 0].tolist()) == [0, 2, 4, 6]
+
+
+def _fsize_limited(limit: int):
+    """preexec_fn: a file-size limit of `limit` bytes, with SIGXFSZ ignored so a write fails with EFBIG."""
+    import resource
+    import signal
+
+    def set_limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return set_limit
+
+
+@pytest.mark.parametrize("limit", [0, 100])  # 0: even the lock's pid cannot be written
+def test_a_file_size_limit_is_one_line(tmp_path, limit):
+    (tmp_path / "big.txt").write_text((REPO / "data/corpora/tinyshakespeare/input.txt").read_text()[:20000])
+    r = subprocess.run([sys.executable, "-m", "data.prepare", "--text", str(tmp_path / "big.txt"), "--tokenizer",
+                        "char", "--out-root", str(tmp_path / "out"), "--quiet"], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, preexec_fn=_fsize_limited(limit))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: could not write ") and "(File too large)" in r.stderr
+
+
+def test_an_out_root_that_is_a_file_or_read_only_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "t.txt").write_text("hello world\n" * 50)
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(UserError, match=f"cannot write {tmp_path / 'file'}: a file, not a folder; .* another --out-root"):
+        prep.prepare(text=tmp_path / "t.txt", out_root=tmp_path / "file", verbose=False)
+    assert (tmp_path / "file").read_text() == "mine"
+    real_mkdir, ro = Path.mkdir, tmp_path / "ro"
+
+    def mkdir(self, *args, **kwargs):  # a read-only folder, as root cannot have one
+        if ro in (self, *self.parents):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    with pytest.raises(UserError, match=r"cannot write .*ro.* \(Permission denied\); prepare into another --out-root"):
+        prep.prepare(text=tmp_path / "t.txt", out_root=ro / "prepared", verbose=False)
+
+
+@pytest.mark.parametrize("name", [".", "..", ".hidden"])
+def test_a_dot_name_is_refused_saying_what_a_name_may_be(tmp_path, name):
+    (tmp_path / "t.txt").write_text("hello world\n" * 50)
+    with pytest.raises(UserError, match=f"dataset name '{re.escape(name)}' must start with a letter or digit"):
+        prep.prepare(text=tmp_path / "t.txt", name=name, out_root=tmp_path / "out", verbose=False)
+
+
+def test_a_lost_dataset_suggests_every_source_and_its_out_root(tmp_path):
+    with pytest.raises(UserError) as e:
+        prep.dataset_dir("mine", tmp_path)
+    assert "--text PATH" in str(e.value) and "--files" in str(e.value) and "--hf" in str(e.value)
+    assert f"--name mine --out-root {tmp_path}" in str(e.value)

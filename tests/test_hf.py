@@ -4,6 +4,8 @@ exported runs that AutoTokenizer/AutoModelForCausalLM/pipeline use as sample.py 
 import errno
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import replace
@@ -172,12 +174,37 @@ def test_init_from_an_uncached_hub_id_offline_is_one_line_naming_hf_download(hub
     assert sample.main(["--init-from", "tiny-org/absent", "--prompt", "Hi"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: --init-from tiny-org/absent: ")
-    assert "`hf download tiny-org/absent --include '*.json' '*.safetensors' --local-dir models/tiny-org/absent`" in err
+    assert "`hf download tiny-org/absent --include '*.json' --include '*.safetensors' --local-dir models/tiny-org/absent`" in err
     assert network_calls  # the hub was asked, once the cache had nothing
-    with pytest.raises(UserError, match="no such file or directory"):
+    assert _hf_cli_receives(re.search(r"`(hf download [^`]*)`", err)[1]) == dict(
+        repo_id="tiny-org/absent", allow_patterns=["*.json", "*.safetensors"], local_dir="models/tiny-org/absent")
+    with pytest.raises(UserError, match="no such directory: ./no/such/dir"):
         resolve_init_from("./no/such/dir")
     with pytest.raises(UserError, match="not a run directory .* nor a Hugging Face GPT-2 directory"):
         resolve_init_from(str(REPO / "tests"))
+
+
+def _hf_cli_receives(command: str) -> dict:
+    """What the installed `hf` CLI would pass to snapshot_download for command (its own parser; no network)."""
+    import huggingface_hub.cli.download as download
+    from huggingface_hub.cli.hf import app
+
+    got: dict = {}
+    with pytest.MonkeyPatch.context() as mp:
+        for fetch in ("snapshot_download", "hf_hub_download"):  # a pattern taken for a file name goes to the second
+            mp.setattr(download, fetch, lambda fetch=fetch, **kwargs: got.update(kwargs, called=fetch) or "/nowhere")
+        app.main(shlex.split(command)[1:], prog_name="hf", standalone_mode=False)
+    assert got.pop("called") == "snapshot_download", got
+    return {k: got[k] for k in ("repo_id", "allow_patterns", "local_dir")}
+
+
+def test_a_missing_local_path_is_no_such_directory_not_a_hub_lookup(tmp_path, monkeypatch, network_calls):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    for name in ["runs/mine", str(tmp_path / "gone"), "~/no/such/run", "models/org/model"]:
+        with pytest.raises(UserError, match=f"--init-from {re.escape(name)}: no such directory: {re.escape(name)}"):
+            resolve_init_from(name)
+    assert network_calls == []
 
 
 def test_eval_only_loss_equals_transformers_on_the_same_windows(tmp_path, hub_cache, network_calls, capsys):

@@ -175,7 +175,7 @@ def test_prompts_from_stdin_a_file_or_none(tmp_path, monkeypatch):
 def test_cli_finds_a_configs_run_and_its_declared_vocab(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert sample.main(["--config", "tiny", "--prompt", "A"]) == 2
-    assert capsys.readouterr().err == ("error: no checkpoint in out/tiny; train one first: "
+    assert capsys.readouterr().err == ("error: no checkpoint at out/tiny/ckpt.pt; train one first: "
                                        "`python train.py --config tiny`\n")
     run = make_run(tmp_path / "out", vocab=192)  # padded far past the 65 chars: only if training asked for it
     argv = ["--ckpt", str(run), "--prompt", "A", "--max-new-tokens", "4", "--seed", "0"]
@@ -229,3 +229,30 @@ def test_help_names_the_script_and_shows_the_usage_examples(capsys):
         "show_attention": None, "layer": 0}
     assert sample.parse_args(["--out-dir", "x", "--compile"]).ckpt == "x" and sample.parse_args(["--compile"]).compile
     assert sample.main(["--stop", ""]) == 2 and capsys.readouterr().err == "error: --stop must not be empty\n"
+
+
+def test_show_attention_with_two_prompts_is_refused_not_half_drawn(tmp_path, capsys):
+    run = make_run(tmp_path)
+    png = tmp_path / "attn.png"
+    argv = ["--ckpt", str(run), "--prompt", "A", "--prompt", "B", "--show-attention", str(png), "--max-new-tokens", "0"]
+    assert sample.main(argv) == 2
+    assert capsys.readouterr().err == "error: --show-attention draws one prompt; give one (2 given)\n"
+    assert not png.exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--config", "tiny", "--out-dir", "x"], "--out-dir: not allowed with argument --config"),
+    (["--out-dir", "x", "--config", "tiny"], "--config: not allowed with argument --out-dir"),
+    (["--init-from", "gpt2", "--ckpt", "x"], "--ckpt: not allowed with argument --init-from"),
+])
+def test_exclusive_sources_name_the_flag_typed(argv, says, capsys):
+    assert sample.main(argv) == 2
+    assert capsys.readouterr().err == f"error: {says}\n"
+
+
+def test_config_with_only_best_pt_samples_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (make_run(tmp_path / "out") / "ckpt.pt").rename(tmp_path / "out/run/best.pt")
+    (tmp_path / "out/run").rename(tmp_path / "out/tiny")
+    assert sample.main(["--config", "tiny", "--prompt", "A", "--max-new-tokens", "3", "--seed", "0"]) == 0
+    assert capsys.readouterr().out.startswith("A")
