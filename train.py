@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shlex
 import signal
 import sys
 import time
@@ -247,7 +248,7 @@ def finish(run: Run, stopped: str, t_start: float) -> dict[str, Any]:
           f"metrics    {result['metrics']}\nloss curve {result['plot']}")
     if run.cfg.sample_tokens:
         result["sample"] = sample_text(run.model, run.manifest, run.cfg.sample_tokens, run.rt, run.cfg.seed)
-        print(f"sample (python sample.py --out-dir {run_dir} for more):\n{result['sample']}")
+        print(f"sample (python sample.py --out-dir {shlex.quote(str(run_dir))} for more):\n{result['sample']}")
     return result
 
 

@@ -5,6 +5,7 @@ start_run() builds them (Run, RunState); train.py's loop drives them.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -30,7 +31,7 @@ from model.hf import load_pretrained
 from training.optim import configure_optimizer
 from training.reference import Reference
 from training.runlog import RunLog
-from training.runtime import Runtime, capture_rng_state, restore_rng_state, trainable
+from training.runtime import Runtime, attention_kernel, capture_rng_state, restore_rng_state, trainable
 
 # The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
 ARCH_FIELDS = tuple(k for k in model_fields() if k not in ("dropout", "block_size"))
@@ -54,9 +55,10 @@ def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -
         raise UserError(f"{source} was trained with another vocabulary than dataset {cfg.dataset}'s "
                         f"({', '.join(changes)}): its token ids would mean other text; use data of its tokenizer")
     mc = model.config
-    if mc.vocab_size < vocab_size:
-        raise UserError(f"the model's vocabulary ({mc.vocab_size}) is smaller than the tokenizer's of "
-                        f"dataset {cfg.dataset} ({vocab_size}); use a dataset with the model's tokenizer")
+    if mc.vocab_size < vocab_size:  # a fresh model's comes from --vocab-size: say how to fix that
+        what, fix = (f"the vocabulary of {source} ({mc.vocab_size})", "use a dataset with the model's tokenizer") \
+            if source else (f"--vocab-size {mc.vocab_size}", f"use --vocab-size 0 (the tokenizer's) or >= {vocab_size}")
+        raise UserError(f"{what} is smaller than the vocabulary of dataset {cfg.dataset} ({vocab_size}); {fix}")
     if cfg.block_size > mc.block_size:
         raise UserError(f"--block-size {cfg.block_size} exceeds the model's context ({mc.block_size})")
     built = replace(cfg, **{k: getattr(mc, k) for k in ARCH_FIELDS})
@@ -237,6 +239,9 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
         raise UserError(f"{run_dir} holds a trained run; continue it with --resume, or start over in another "
                         f"--out-dir (or after deleting {run_dir})")
     model, cfg = build_model(cfg, manifest, ckpt)
+    if not rt.attention:  # setup() left it to the architecture the weights brought
+        rt.attention = attention_kernel(cfg, rt)
+        print(f"attention: {rt.attention}") if master else None
     if cfg.batch_size == 0:  # --batch-size auto: sized from free memory, before the weights move there
         from training.plan import auto_batch_size
 
@@ -255,12 +260,15 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
         except (KeyError, ValueError, TypeError, RuntimeError) as e:
             raise UserError(f"cannot resume {run_dir}: its optimizer state does not fit this run ({e}); resume with "
                             f"the --optimizer it was saved with, or use --init-from {run_dir}") from None
+        # every save comes with an eval of the same weights: a finished run resumed adds none
         state = RunState(step=ckpt["step"], best_val=ckpt["best_val"], saved_at=ckpt["step"],
-                         wandb_id=ckpt.get("wandb_id"))
+                         evaluated_at=ckpt["step"], wandb_id=ckpt.get("wandb_id"))
     example = torch.zeros(2, cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
     train_model = trainable(model, rt, tuple(example))  # compiled (or not) and DDP-wrapped
     log = RunLog(run_dir, t_start, resume_step=state.step if ckpt is not None else None,
                  reference=Reference.matching(cfg.to_dict(), rt.world_size)) if master else None
+    state.losses = next(({k: r[k] for k in ("train_loss", "val_loss")} for r in (log.records if log else [])
+                         if r["step"] == state.step and "val_loss" in r), {})  # for finish()'s summary
     run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, held, run_dir,
               grad_accum, log, state)
     if master:
@@ -317,14 +325,36 @@ def save(run: Run) -> None:
 LOCK_NAME = ".lock"
 
 
-def lock_run_dir(run_dir: str | Path) -> IO[str]:
+class RunDirLock:
+    """lock_run_dir's lock. A `with` block that fails while the run dir holds only the lock removes
+    what lock_run_dir created: a run that never started leaves nothing behind."""
+
+    def __init__(self, file: IO[str], created: list[Path]) -> None:
+        self.file, self.created = file, created  # the lock file, then folders, innermost first
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> RunDirLock:
+        return self
+
+    def __exit__(self, failed: type | None, *exc: Any) -> None:
+        if failed and self.created and os.listdir(self.created[0].parent) == [LOCK_NAME]:
+            for path in self.created:
+                with contextlib.suppress(OSError):  # a folder that is not empty holds something else
+                    path.rmdir() if path.is_dir() else path.unlink()
+        self.close()
+
+
+def lock_run_dir(run_dir: str | Path) -> RunDirLock:
     """Create run_dir and lock it for this process: a second run on it fails at once instead of
-    mixing its files with ours. Keep the returned file open for the run; closing it releases the
+    mixing its files with ours. Keep the returned lock open for the run; closing it releases the
     lock, and so does the process ending in any way (flock locks die with their process, so a
     kill -9 leaves no stale lock). Temp files left by killed saves are removed here."""
     import fcntl
 
     run_dir = Path(run_dir)
+    created = [p for p in (run_dir / LOCK_NAME, run_dir, *run_dir.parents) if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         links = sorted(p.name for p in run_dir.iterdir() if p.is_symlink())
@@ -353,4 +383,4 @@ def lock_run_dir(run_dir: str | Path) -> IO[str]:
         p.unlink(missing_ok=True)
     if stale:
         print(f"note: removed {len(stale)} temp file(s) of interrupted saves from {run_dir}")
-    return lock
+    return RunDirLock(lock, created)

@@ -270,7 +270,8 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
     if seed is not None:
         seed_everything(seed + rank)
     if cfg is not None:
-        rt.attention = attention_kernel(cfg, rt)
+        if not (cfg.resume or cfg.init_from or cfg.eval_only):  # else weights bring theirs: start_run says it
+            rt.attention = attention_kernel(cfg, rt)
         rt.deterministic = cfg.deterministic
         torch.use_deterministic_algorithms(cfg.deterministic)  # an op without such a kernel then raises
     return rt
