@@ -368,3 +368,15 @@ def test_resuming_a_finished_run_adds_no_eval(tmp_path, data_root, capsys):
     assert train.main(args(tmp_path, data_root, "--resume")) == 0
     assert (tmp_path / "metrics.jsonl").read_text() == before
     assert "final: train loss" in capsys.readouterr().out
+
+
+def test_ddp_an_ordinary_error_is_one_line_after_every_other_process_output(tmp_path):
+    (tmp_path / "prepared").mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+           *args(tmp_path / "run", tmp_path / "prepared", "--dataset", "unprepared")]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=120)
+    out = done.stdout + done.stderr
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert done.returncode != 0 and len(errors) == 1 and "dataset 'unprepared' is neither a preset" in errors[0], out
+    assert "Connection closed" not in out and not (tmp_path / "run").exists()

@@ -226,8 +226,8 @@ def probe_loss(run: Run) -> float:
 def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     """Data, model, optimizer, loader and run log, fresh or restored from --resume."""
     master, run_dir = rt.is_master, cfg.run_dir
-    ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if master else None
-    rt.barrier()  # rank 0 prepared the data (idempotent); the others now just find it
+    with rt.together():  # rank 0 prepares the data (idempotent); the others then just find it
+        ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if master else None
     ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root)
     held = hold_dataset(ds_dir)  # a prepare of it now would change what later evals read: refuse it
     manifest = read_dataset_manifest(ds_dir)
@@ -239,9 +239,6 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
         raise UserError(f"{run_dir} holds a trained run; continue it with --resume, or start over in another "
                         f"--out-dir (or after deleting {run_dir})")
     model, cfg = build_model(cfg, manifest, ckpt)
-    if not rt.attention:  # setup() left it to the architecture the weights brought
-        rt.attention = attention_kernel(cfg, rt)
-        print(f"attention: {rt.attention}") if master else None
     if cfg.batch_size == 0:  # --batch-size auto: sized from free memory, before the weights move there
         from training.plan import auto_batch_size
 
@@ -260,9 +257,8 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
         except (KeyError, ValueError, TypeError, RuntimeError) as e:
             raise UserError(f"cannot resume {run_dir}: its optimizer state does not fit this run ({e}); resume with "
                             f"the --optimizer it was saved with, or use --init-from {run_dir}") from None
-        # every save comes with an eval of the same weights: a finished run resumed adds none
         state = RunState(step=ckpt["step"], best_val=ckpt["best_val"], saved_at=ckpt["step"],
-                         evaluated_at=ckpt["step"], wandb_id=ckpt.get("wandb_id"))
+                         evaluated_at=ckpt["step"], wandb_id=ckpt.get("wandb_id"))  # saves come with evals
     example = torch.zeros(2, cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
     train_model = trainable(model, rt, tuple(example))  # compiled (or not) and DDP-wrapped
     log = RunLog(run_dir, t_start, resume_step=state.step if ckpt is not None else None,
@@ -289,7 +285,8 @@ def announce(run: Run, resumed: bool) -> None:
     print(f"{run.model.num_params() / 1e6:.2f}M params | {run.tokens_per_step} tokens/step = "
           f"{run.grad_accum} accum x {rt.world_size} proc x {cfg.batch_size} x {cfg.block_size} | "
           f"{cfg.dataset}: {run.manifest['train_tokens']:,} train tokens"
-          + (f" | resuming at step {st.step}" if resumed else ""))
+          + (f" | resuming at step {st.step}" if resumed else "")
+          + ("" if rt.attention else f" | {attention_kernel(cfg, rt)}"))  # setup() left it to the weights
     if cfg.wandb:
         st.wandb_id = run.log.start_wandb(cfg.wandb_project, cfg.wandb_run_name or cfg.name, cfg.to_dict(),
                                           st.wandb_id)
@@ -325,32 +322,20 @@ def save(run: Run) -> None:
 LOCK_NAME = ".lock"
 
 
-class RunDirLock:
-    """lock_run_dir's lock. A `with` block that fails while the run dir holds only the lock removes
-    what lock_run_dir created: a run that never started leaves nothing behind."""
-
-    def __init__(self, file: IO[str], created: list[Path]) -> None:
-        self.file, self.created = file, created  # the lock file, then folders, innermost first
-
-    def close(self) -> None:
-        self.file.close()
-
-    def __enter__(self) -> RunDirLock:
-        return self
-
-    def __exit__(self, failed: type | None, *exc: Any) -> None:
-        if failed and self.created and os.listdir(self.created[0].parent) == [LOCK_NAME]:
-            for path in self.created:
-                with contextlib.suppress(OSError):  # a folder that is not empty holds something else
-                    path.rmdir() if path.is_dir() else path.unlink()
-        self.close()
+def _remove_if_unused(created: list[Path]) -> None:
+    """A run that failed before writing anything leaves nothing: lock_run_dir's lock file and folders go."""
+    if created and os.listdir(created[0].parent) == [LOCK_NAME]:
+        for path in created:  # the lock file, then folders, innermost first
+            with contextlib.suppress(OSError):  # a folder that is not empty holds something else
+                path.rmdir() if path.is_dir() else path.unlink()
 
 
-def lock_run_dir(run_dir: str | Path) -> RunDirLock:
+def lock_run_dir(run_dir: str | Path) -> contextlib.ExitStack:
     """Create run_dir and lock it for this process: a second run on it fails at once instead of
     mixing its files with ours. Keep the returned lock open for the run; closing it releases the
     lock, and so does the process ending in any way (flock locks die with their process, so a
-    kill -9 leaves no stale lock). Temp files left by killed saves are removed here."""
+    kill -9 leaves no stale lock). Temp files left by killed saves are removed here; a `with` block
+    that fails before the run wrote anything removes what this call created."""
     import fcntl
 
     run_dir = Path(run_dir)
@@ -383,4 +368,7 @@ def lock_run_dir(run_dir: str | Path) -> RunDirLock:
         p.unlink(missing_ok=True)
     if stale:
         print(f"note: removed {len(stale)} temp file(s) of interrupted saves from {run_dir}")
-    return RunDirLock(lock, created)
+    held = contextlib.ExitStack()
+    held.enter_context(lock)
+    held.push(lambda failed, *_: failed is not None and _remove_if_unused(created))  # falsy: the error goes on
+    return held
