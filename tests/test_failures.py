@@ -370,7 +370,7 @@ def test_resuming_a_finished_run_adds_no_eval(tmp_path, data_root, capsys):
     assert "final: train loss" in capsys.readouterr().out
 
 
-def test_ddp_an_ordinary_error_is_one_line_after_every_other_process_output(tmp_path):
+def test_ddp_an_error_preparing_the_data_is_one_line_from_rank_0(tmp_path):
     (tmp_path / "prepared").mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
            *args(tmp_path / "run", tmp_path / "prepared", "--dataset", "unprepared")]

@@ -103,9 +103,8 @@ def check_resumable(cfg: TrainConfig, ckpt: dict, path: Path, manifest: dict[str
                         f"({', '.join(changes)}), so its token ids mean other text; prepare the data it trained "
                         "on again, or train afresh without --resume")
     ignore = {"resume", "init_from", *ARCH_FIELDS}  # the checkpoint's architecture wins anyway
-    changes = [f"{k} {saved[k]!r} -> {v!r}" for k, v in cfg.to_dict().items()
-               if k in saved and k not in ignore and saved[k] != v]
-    if changes:
+    if changes := [f"{k} {saved[k]!r} -> {v!r}" for k, v in cfg.to_dict().items()
+                   if k in saved and k not in ignore and saved[k] != v]:
         print(f"note: resuming with changed settings: {', '.join(changes)}")
 
 

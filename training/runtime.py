@@ -279,7 +279,7 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
         np.random.seed((seed + rank) % 2**32)
         torch.manual_seed(seed + rank)  # seeds every CUDA device too
     if cfg is not None:
-        if not (cfg.resume or cfg.init_from or cfg.eval_only):  # else weights bring theirs: start_run says it
+        if not (cfg.resume or cfg.init_from or cfg.eval_only):  # else the weights bring theirs: announce() says it
             rt.attention = attention_kernel(cfg, rt)
         rt.deterministic = cfg.deterministic
         torch.use_deterministic_algorithms(cfg.deterministic)  # an op without such a kernel then raises
