@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shlex
 import signal
 import sys
 import time
@@ -232,8 +233,7 @@ def exit_code(stopped: str) -> int:
 def finish(run: Run, stopped: str, t_start: float) -> dict[str, Any]:
     """Print where the outputs are (and a sample); return the run's result."""
     st, run_dir = run.state, run.run_dir
-    elapsed = time.time() - t_start
-    result = {"step": st.step, "stopped": stopped, "best_val": st.best_val, "elapsed": elapsed,
+    result = {"step": st.step, "stopped": stopped, "best_val": st.best_val, "elapsed": time.time() - t_start,
               "out_dir": str(run_dir), "checkpoint": str(run_dir / CKPT_NAME), "best": str(run_dir / BEST_NAME),
               "metrics": str(run_dir / "metrics.jsonl"), "plot": str(run_dir / "loss.png"), **st.losses}
     if not run.rt.is_master:
@@ -242,7 +242,7 @@ def finish(run: Run, stopped: str, t_start: float) -> dict[str, Any]:
         kept = f"{run_dir / CKPT_NAME} (step {st.saved_at})" if st.saved_at else "no checkpoint of this run"
         print(f"quit at step {st.step} without saving; kept {kept}", file=sys.stderr)
         return result
-    print(f"stopped at step {st.step} ({stopped}) after {elapsed:.1f}s")
+    print(f"stopped at step {st.step} ({stopped}) after {result['elapsed']:.1f}s")
     if st.losses:
         print(f"final: train loss {st.losses['train_loss']:.4f}, val loss {st.losses['val_loss']:.4f} "
               f"(best val {st.best_val:.4f})")
@@ -251,7 +251,7 @@ def finish(run: Run, stopped: str, t_start: float) -> dict[str, Any]:
           f"metrics    {result['metrics']}\nloss curve {result['plot']}")
     if run.cfg.sample_tokens:
         result["sample"] = sample_text(run.model, run.manifest, run.cfg.sample_tokens, run.rt, run.cfg.seed)
-        print(f"sample (python sample.py --out-dir {run_dir} for more):\n{result['sample']}")
+        print(f"sample (python sample.py --out-dir {shlex.quote(str(run_dir))} for more):\n{result['sample']}")
     return result
 
 

@@ -248,16 +248,21 @@ def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig)
 def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> tuple[TrainConfig, Namespace]:
     """Parse `argv` as train.py does: `--config` picks the starting config (its values become the
     defaults --help shows), every field is a flag, and `parser`'s own (script-level) flags come
-    back in the namespace beside `config`."""
+    back in the namespace beside `config`. --resume takes what is not typed from the run's config.json."""
     argv = sys.argv[1:] if argv is None else list(argv)
     first = ArgumentParser(add_help=False)
     first.add_argument("--config", default="small")
     config = first.parse_known_args(argv)[0].config
     base = resolve_config(config)
     add_config_arguments(parser, config, base)
-    args = vars(parser.parse_args(argv))
-    cfg = replace(base, **{k: args.pop(k) for k in FIELDS})
-    return (cfg if cfg.out_dir else replace(cfg, out_dir=f"out/{cfg.name}")), Namespace(**args)
+    untyped = object()  # argparse sets a default only where the namespace has no value yet
+    args = vars(parser.parse_args(argv, Namespace(**dict.fromkeys(FIELDS, untyped))))
+    typed = {k: v for k in FIELDS if (v := args.pop(k)) is not untyped}
+    cfg = replace(base, **typed)
+    cfg = cfg if cfg.out_dir else replace(cfg, out_dir=f"out/{cfg.name}")
+    if cfg.resume and (saved := cfg.run_dir / "config.json").is_file():  # the run's settings, unless typed again
+        cfg = replace(config_file(saved), **typed | {"resume": True, "out_dir": cfg.out_dir})
+    return cfg, Namespace(**args)
 
 
 def load_config(name_or_path: str = "small", overrides: Sequence[str] | None = None) -> TrainConfig:

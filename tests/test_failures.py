@@ -315,3 +315,68 @@ def test_a_dataset_folder_no_one_can_write_still_trains(tmp_path, data_root, cap
     assert train.main(args(tmp_path / "run", root, "--dataset", "mini", "--block-size", "8")) == 0
     assert "cannot write" in fails(capsys, prepare_main, ["--text", str(root / "mini.txt"), "--name", "mini",
                                                           "--tokenizer", "char", "--out-root", str(root), "--force"])
+
+
+def test_a_vocab_size_below_the_tokenizers_names_the_flag_that_fixes_it(tmp_path, data_root, capsys):
+    line = fails(capsys, train.main, args(tmp_path, data_root, "--vocab-size", "64"))
+    assert "--vocab-size 64 is smaller than the vocabulary of dataset shakespeare_char (65); use --vocab-size 0 " \
+           "(the tokenizer's) or >= 65" in line
+
+
+def test_eval_only_of_another_run_states_the_attention_that_runs(tmp_path, data_root, capsys):
+    assert train.main(args(tmp_path / "a", data_root)) == 0  # sdpa
+    capsys.readouterr()
+    assert train.main(args(tmp_path / "b", data_root, "--eval-only", "--init-from", str(tmp_path / "a"),
+                           "--attention", "explicit")) == 0
+    out = capsys.readouterr().out
+    assert "explicit" not in out.splitlines()[0] and "attention=sdpa" in out  # the model's, not the flag's
+
+
+def test_the_sample_hint_quotes_an_out_dir_with_spaces(tmp_path, data_root, capsys):
+    assert train.main(args(tmp_path / "my run", data_root, "--sample-tokens", "4")) == 0
+    assert f"python sample.py --out-dir '{tmp_path / 'my run'}' for more" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra", [["--dataset", "unprepared"], ["--init-from", "no/such/run"]])
+def test_a_run_that_fails_before_training_leaves_no_run_dir(tmp_path, data_root, capsys, extra):
+    (tmp_path / "prepared").mkdir()
+    fails(capsys, train.main, args(tmp_path / "out" / "run", tmp_path / "prepared" if extra[1] == "unprepared"
+                                   else data_root, *extra))
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "kept").mkdir()  # the user's: stays, though empty
+    fails(capsys, train.main, args(tmp_path / "kept", tmp_path / "prepared", "--dataset", "unprepared"))
+    assert [p.name for p in (tmp_path / "kept").iterdir()] == []
+
+
+def test_resume_continues_with_the_runs_settings_unless_typed_again(tmp_path, data_root, capsys):
+    root = tmp_path / "prepared"
+    root.mkdir()
+    prepare_text(root, "mini", SHAKESPEARE[:3000])
+    run = tmp_path / "run"
+    assert train.main(args(run, root, "--dataset", "mini", "--block-size", "8")) == 0
+    assert train.main(args(run, root, "--resume", "--max-iters", "3", "--lr", "5e-4")) == 0  # dataset not typed
+    assert train.main(args(run, root, "--resume", "--max-iters", "4")) == 0  # lr not typed: stays 5e-4
+    saved = load_checkpoint(run)["train_config"]
+    assert (saved["dataset"], saved["block_size"], saved["lr"], saved["max_iters"]) == ("mini", 8, 5e-4, 4)
+    assert train.main(args(run, root, "--resume", "--max-iters", "5", "--lr", "1e-3")) == 0  # typed: wins
+    assert load_checkpoint(run)["train_config"]["lr"] == 1e-3
+
+
+def test_resuming_a_finished_run_adds_no_eval(tmp_path, data_root, capsys):
+    assert train.main(args(tmp_path, data_root)) == 0
+    before = (tmp_path / "metrics.jsonl").read_text()
+    assert train.main(args(tmp_path, data_root, "--resume")) == 0
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+    assert "final: train loss" in capsys.readouterr().out
+
+
+def test_ddp_an_error_preparing_the_data_is_one_line_from_rank_0(tmp_path):
+    (tmp_path / "prepared").mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+           *args(tmp_path / "run", tmp_path / "prepared", "--dataset", "unprepared")]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=120)
+    out = done.stdout + done.stderr
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert done.returncode != 0 and len(errors) == 1 and "dataset 'unprepared' is neither a preset" in errors[0], out
+    assert "Connection closed" not in out and not (tmp_path / "run").exists()

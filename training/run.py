@@ -5,6 +5,7 @@ start_run() builds them (Run, RunState); train.py's loop drives them.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -31,7 +32,7 @@ from training.optim import configure_optimizer
 from training.plan import auto_batch_size, check_fits
 from training.reference import Reference
 from training.runlog import RunLog
-from training.runtime import Runtime, capture_rng_state, restore_rng_state, trainable
+from training.runtime import Runtime, attention_kernel, capture_rng_state, restore_rng_state, trainable
 
 # The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
 ARCH_FIELDS = tuple(k for k in model_fields() if k not in ("dropout", "block_size"))
@@ -55,9 +56,10 @@ def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -
         raise UserError(f"{source} was trained with another vocabulary than dataset {cfg.dataset}'s "
                         f"({', '.join(changes)}): its token ids would mean other text; use data of its tokenizer")
     mc = model.config
-    if mc.vocab_size < vocab_size:
-        raise UserError(f"the model's vocabulary ({mc.vocab_size}) is smaller than the tokenizer's of "
-                        f"dataset {cfg.dataset} ({vocab_size}); use a dataset with the model's tokenizer")
+    if mc.vocab_size < vocab_size:  # a fresh model's comes from --vocab-size: say how to fix that
+        what, fix = (f"the vocabulary of {source} ({mc.vocab_size})", "use a dataset with the model's tokenizer") \
+            if source else (f"--vocab-size {mc.vocab_size}", f"use --vocab-size 0 (the tokenizer's) or >= {vocab_size}")
+        raise UserError(f"{what} is smaller than the vocabulary of dataset {cfg.dataset} ({vocab_size}); {fix}")
     if cfg.block_size > mc.block_size:
         raise UserError(f"--block-size {cfg.block_size} exceeds the model's context ({mc.block_size})")
     built = replace(cfg, **{k: getattr(mc, k) for k in ARCH_FIELDS})
@@ -102,9 +104,8 @@ def check_resumable(cfg: TrainConfig, ckpt: dict, path: Path, manifest: dict[str
                         f"({', '.join(changes)}), so its token ids mean other text; prepare the data it trained "
                         "on again, or train afresh without --resume")
     ignore = {"resume", "init_from", *ARCH_FIELDS}  # the checkpoint's architecture wins anyway
-    changes = [f"{k} {saved[k]!r} -> {v!r}" for k, v in cfg.to_dict().items()
-               if k in saved and k not in ignore and saved[k] != v]
-    if changes:
+    if changes := [f"{k} {saved[k]!r} -> {v!r}" for k, v in cfg.to_dict().items()
+                   if k in saved and k not in ignore and saved[k] != v]:
         print(f"note: resuming with changed settings: {', '.join(changes)}")
 
 
@@ -225,8 +226,8 @@ def probe_loss(run: Run) -> float:
 def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     """Data, model, optimizer, loader and run log, fresh or restored from --resume."""
     master, run_dir = rt.is_master, cfg.run_dir
-    ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if master else None
-    rt.barrier()  # rank 0 prepared the data (idempotent); the others now just find it
+    with rt.together():  # rank 0 prepares the data (idempotent); the others then just find it
+        ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if master else None
     ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root)
     held = hold_dataset(ds_dir)  # a prepare of it now would change what later evals read: refuse it
     manifest = read_dataset_manifest(ds_dir)
@@ -258,11 +259,13 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
             raise UserError(f"cannot resume {run_dir}: its optimizer state does not fit this run ({e}); resume with "
                             f"the --optimizer it was saved with, or use --init-from {run_dir}") from None
         state = RunState(step=ckpt["step"], best_val=ckpt["best_val"], saved_at=ckpt["step"],
-                         wandb_id=ckpt.get("wandb_id"))
+                         evaluated_at=ckpt["step"], wandb_id=ckpt.get("wandb_id"))  # saves come with evals
     example = torch.zeros(2, cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
     train_model = trainable(model, rt, tuple(example))  # compiled (or not) and DDP-wrapped
     log = RunLog(run_dir, t_start, resume_step=state.step if ckpt is not None else None,
                  reference=Reference.matching(cfg.to_dict(), rt.world_size)) if master else None
+    state.losses = next(({k: r[k] for k in ("train_loss", "val_loss")} for r in (log.records if log else [])
+                         if r["step"] == state.step and "val_loss" in r), {})  # for finish()'s summary
     run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, held, run_dir,
               grad_accum, log, state)
     if master:
@@ -283,7 +286,8 @@ def announce(run: Run, resumed: bool) -> None:
     print(f"{run.model.num_params() / 1e6:.2f}M params | {run.tokens_per_step} tokens/step = "
           f"{run.grad_accum} accum x {rt.world_size} proc x {cfg.batch_size} x {cfg.block_size} | "
           f"{cfg.dataset}: {run.manifest['train_tokens']:,} train tokens"
-          + (f" | resuming at step {st.step}" if resumed else ""))
+          + (f" | resuming at step {st.step}" if resumed else "")
+          + ("" if rt.attention else f" | {attention_kernel(cfg, rt)}"))  # setup() left it to the weights
     if cfg.wandb:
         st.wandb_id = run.log.start_wandb(cfg.wandb_project, cfg.wandb_run_name or cfg.name, cfg.to_dict(),
                                           st.wandb_id)
@@ -319,14 +323,24 @@ def save(run: Run) -> None:
 LOCK_NAME = ".lock"
 
 
-def lock_run_dir(run_dir: str | Path) -> IO[str]:
+def _remove_if_unused(created: list[Path]) -> None:
+    """A run that failed before writing anything leaves nothing: lock_run_dir's lock file and folders go."""
+    if created and os.listdir(created[0].parent) == [LOCK_NAME]:
+        for path in created:  # the lock file, then folders, innermost first
+            with contextlib.suppress(OSError):  # a folder that is not empty holds something else
+                path.rmdir() if path.is_dir() else path.unlink()
+
+
+def lock_run_dir(run_dir: str | Path) -> contextlib.ExitStack:
     """Create run_dir and lock it for this process: a second run on it fails at once instead of
-    mixing its files with ours. Keep the returned file open for the run; closing it releases the
+    mixing its files with ours. Keep the returned lock open for the run; closing it releases the
     lock, and so does the process ending in any way (flock locks die with their process, so a
-    kill -9 leaves no stale lock). Temp files left by killed saves are removed here."""
+    kill -9 leaves no stale lock). Temp files left by killed saves are removed here; a `with` block
+    that fails before the run wrote anything removes what this call created."""
     import fcntl
 
     run_dir = Path(run_dir)
+    created = [p for p in (run_dir / LOCK_NAME, run_dir, *run_dir.parents) if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         links = sorted(p.name for p in run_dir.iterdir() if p.is_symlink())
@@ -355,4 +369,7 @@ def lock_run_dir(run_dir: str | Path) -> IO[str]:
         p.unlink(missing_ok=True)
     if stale:
         print(f"note: removed {len(stale)} temp file(s) of interrupted saves from {run_dir}")
-    return lock
+    held = contextlib.ExitStack()
+    held.enter_context(lock)
+    held.push(lambda failed, *_: failed is not None and _remove_if_unused(created))  # falsy: the error goes on
+    return held

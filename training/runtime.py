@@ -18,6 +18,7 @@ import importlib.util
 import os
 import random
 import re
+import sys
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -160,13 +161,27 @@ class Runtime:
     is_master = property(lambda self: self.rank == 0)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+        return contextlib.nullcontext() if self.dtype == torch.float32 else torch.autocast(self.device_type, self.dtype)
 
-    def barrier(self) -> None:
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Under DDP every rank leaves the block at once: on a UserError in any, the first failing rank
+        prints it, the others nothing, then all exit 2 (else a peer's lost connection buries the line)."""
+        error = None
+        try:
+            yield
+        except UserError as e:
+            if not self.ddp:
+                raise
+            error = e
+        failed = [error is not None] * self.world_size
         if self.ddp:
-            torch.distributed.barrier()
+            torch.distributed.all_gather_object(failed, error is not None)
+        if any(failed):  # only under DDP: a single process raised it above
+            if failed.index(True) == self.rank:
+                print(f"error: {error}", file=sys.stderr, flush=True)
+            torch.distributed.barrier()  # no rank exits before the line is out: torchrun then stops the rest
+            raise SystemExit(2)
 
     @contextlib.contextmanager
     def peer_failures(self) -> Iterator[None]:
@@ -217,12 +232,6 @@ def attention_kernel(cfg: Any, rt: Runtime) -> str:
     return f"SDPA {SDPBackend(choice).name.lower().removesuffix('_attention')}"
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)  # seeds every CUDA device too
-
-
 def _join_process_group(device: str, timeout_s: float) -> None:
     """torchrun started this process: join the others (NCCL on CUDA, gloo on the CPU)."""
     if device == "mps":
@@ -237,10 +246,8 @@ def _join_process_group(device: str, timeout_s: float) -> None:
 
     # a collective that waits longer fails, so a hung or stopped process ends the job, not stalls it
     timeout = datetime.timedelta(seconds=timeout_s)
-    if device.startswith("cuda"):
-        dist.init_process_group("nccl", device_id=torch.device(device), timeout=timeout)
-    else:
-        dist.init_process_group("gloo", timeout=timeout)
+    gpu = device.startswith("cuda")
+    dist.init_process_group("nccl" if gpu else "gloo", device_id=torch.device(device) if gpu else None, timeout=timeout)
 
 
 def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: int | None = 1337,
@@ -268,9 +275,12 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
     if rt.ddp:
         _join_process_group(rt.device, ddp_timeout)
     if seed is not None:
-        seed_everything(seed + rank)
+        random.seed(seed + rank)
+        np.random.seed((seed + rank) % 2**32)
+        torch.manual_seed(seed + rank)  # seeds every CUDA device too
     if cfg is not None:
-        rt.attention = attention_kernel(cfg, rt)
+        if not (cfg.resume or cfg.init_from or cfg.eval_only):  # else the weights bring theirs: announce() says it
+            rt.attention = attention_kernel(cfg, rt)
         rt.deterministic = cfg.deterministic
         torch.use_deterministic_algorithms(cfg.deterministic)  # an op without such a kernel then raises
     return rt
