@@ -20,6 +20,11 @@ options do.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C during the imports below (seconds for torch): one line, not a traceback
+    import signal
+    from configs.errors import interrupted
+    signal.signal(signal.SIGINT, interrupted)
+
 import contextlib
 import math
 import shlex
@@ -75,25 +80,33 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rt:
     return grad_norm
 
 
-def eval_and_save(run: Run, budget: TimeBudget | None = None, save_first: bool = False) -> None:
+def eval_and_save(run: Run, stop: StopSignal, budget: TimeBudget | None = None, save_first: bool = False) -> None:
     """Evaluate, then save ckpt.pt (best.pt too when val improved). On a stop signal save first:
-    a short grace period still keeps the work. Only rank 0 evaluates and saves."""
-    t0 = time.time()
+    a short grace period still keeps the work. A stop signal cuts the eval short (nothing of it is
+    recorded; it is not started again), never a save. Only rank 0 evaluates and saves."""
+    t0, st = time.time(), run.state
     if save_first and run.rt.is_master:
-        save(run)
-    losses = evaluate_on_every_rank(run)
-    run.state.evaluated_at = run.state.step
+        with stop.holding():
+            save(run)
+    if st.evaluated_at == st.step:
+        return
+    st.evaluated_at = st.step
+    if (losses := evaluate_on_every_rank(run, stop)) is None:
+        st.losses = {}  # the last eval's are of an earlier step: not "final"
+        return
     if run.rt.is_master:
-        record_eval(run, losses, saved=save_first)
+        with stop.holding():
+            record_eval(run, losses, saved=save_first)
     if budget is not None:  # the final one also draws loss.png
         budget.record_final(time.time() - t0 + (run.log.plot_cost if run.log else 0.0))
 
 
-def evaluate_on_every_rank(run: Run) -> dict[str, float]:
-    """Rank 0's eval losses ({} elsewhere); a non-finite val loss stops every rank before anything is saved."""
+def evaluate_on_every_rank(run: Run, stop: StopSignal) -> dict[str, float] | None:
+    """Rank 0's eval losses ({} elsewhere, None if a stop signal cut it short); a non-finite val loss
+    stops every rank before anything is saved."""
     rt = run.rt
-    losses = evaluate(run.model, run.ds_dir, run.cfg, rt) if rt.is_master else {}
-    val = torch.tensor(losses.get("val_loss", 0.0), device=rt.device)
+    losses = stop.cut_short(lambda: evaluate(run.model, run.ds_dir, run.cfg, rt)) if rt.is_master else {}
+    val = torch.tensor((losses or {}).get("val_loss", 0.0), device=rt.device)
     if rt.ddp:
         torch.distributed.broadcast(val, src=0)  # also the barrier: the others wait for rank 0
     if not math.isfinite(val.item()):
@@ -175,7 +188,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 if run.log is not None:
                     run.log.plot()  # a crash or nan: still draw what was logged
                     run.log.close(exit_code=exit_code(stopped) if stopped else 1)  # None: it failed
-            return finish(run, stopped, t_start)
+            return finish(run, stopped, t_start, stop)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if (oom := out_of_memory(e, rt.device)) is None:
             raise
@@ -192,7 +205,7 @@ def loop(run: Run, stop: StopSignal, t_start: float) -> str:
     stopped, window = "max_iters", []
     with bar:
         if st.step == 0 and budget is None:
-            eval_and_save(run)  # the untrained model's loss anchors the curve (ln(vocab) expected)
+            eval_and_save(run, stop)  # the untrained model's loss anchors the curve (ln(vocab) expected)
         if budget is not None:
             budget.begin()
         while st.step < cfg.max_iters:
@@ -218,9 +231,12 @@ def loop(run: Run, stop: StopSignal, t_start: float) -> str:
                 stopped = (stop.name or "SIGTERM") if signalled else "max_time"
                 break
             if st.step % cfg.eval_interval == 0 and st.step < cfg.max_iters:
-                eval_and_save(run, budget)
+                eval_and_save(run, stop, budget)
+                if agree(rt, torch.zeros((), device=rt.device), stop.name is not None)[1]:  # not one more step
+                    stopped = stop.name or "SIGTERM"
+                    break
     if st.evaluated_at != st.step or st.saved_at != st.step:
-        eval_and_save(run, budget, save_first=stopped.startswith("SIG"))
+        eval_and_save(run, stop, budget, save_first=stopped.startswith("SIG"))
     return stopped
 
 
@@ -230,7 +246,7 @@ def exit_code(stopped: str) -> int:
     return 128 + signal.Signals[name] if name in signal.Signals.__members__ else 0
 
 
-def finish(run: Run, stopped: str, t_start: float) -> dict[str, Any]:
+def finish(run: Run, stopped: str, t_start: float, stop: StopSignal) -> dict[str, Any]:
     """Print where the outputs are (and a sample); return the run's result."""
     st, run_dir = run.state, run.run_dir
     result = {"step": st.step, "stopped": stopped, "best_val": st.best_val, "elapsed": time.time() - t_start,
@@ -238,11 +254,12 @@ def finish(run: Run, stopped: str, t_start: float) -> dict[str, Any]:
               "metrics": str(run_dir / "metrics.jsonl"), "plot": str(run_dir / "loss.png"), **st.losses}
     if not run.rt.is_master:
         return result
+    kept = f"kept {run_dir / CKPT_NAME} (step {st.saved_at})" if st.saved_at else "kept no checkpoint of this run"
     if stopped == "quit":
-        kept = f"{run_dir / CKPT_NAME} (step {st.saved_at})" if st.saved_at else "no checkpoint of this run"
-        print(f"quit at step {st.step} without saving; kept {kept}", file=sys.stderr)
+        print(f"quit at step {st.step}{'' if st.saved_at == st.step else ' without saving'}; {kept}", file=sys.stderr)
         return result
-    print(f"stopped at step {st.step} ({stopped}) after {result['elapsed']:.1f}s")
+    print(f"stopped at step {st.step} ({stopped}{'' if st.losses else ', during its eval'}) after "
+          f"{result['elapsed']:.1f}s")
     if st.losses:
         print(f"final: train loss {st.losses['train_loss']:.4f}, val loss {st.losses['val_loss']:.4f} "
               f"(best val {st.best_val:.4f})")
@@ -250,8 +267,14 @@ def finish(run: Run, stopped: str, t_start: float) -> dict[str, Any]:
           f"best       {result['best']} (lowest val loss, what sample.py reads)\n"
           f"metrics    {result['metrics']}\nloss curve {result['plot']}")
     if run.cfg.sample_tokens:
-        result["sample"] = sample_text(run.model, run.manifest, run.cfg.sample_tokens, run.rt, run.cfg.seed)
-        print(f"sample (python sample.py --out-dir {shlex.quote(str(run_dir))} for more):\n{result['sample']}")
+        sample = stop.cut_short(lambda: sample_text(run.model, run.manifest, run.cfg.sample_tokens, run.rt,
+                                                    run.cfg.seed))
+        if sample is None:
+            result["stopped"] = stop.name
+            print(f"{stop.name}: the sample was cut short; {kept}", file=sys.stderr)
+        else:
+            result["sample"] = sample
+            print(f"sample (python sample.py --out-dir {shlex.quote(str(run_dir))} for more):\n{sample}")
     return result
 
 
@@ -270,12 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         print(plan_report(cfg, vocab_size(cfg), args.gpu, args.nproc, args.mfu))
         return 0
-    try:
-        result = train(cfg)
-    except KeyboardInterrupt:  # a second Ctrl-C before training started
-        print("\nquit before training started; nothing was saved", file=sys.stderr)
-        return exit_code("quit")
-    return exit_code(result["stopped"])
+    return exit_code(train(cfg)["stopped"])
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from typing import Any, NoReturn
+
+INTERRUPTED = "\ninterrupted; nothing was changed"  # a script writes beside its outputs and swaps them in
 
 
 class UserError(Exception):
@@ -25,7 +28,7 @@ def first_line(e: BaseException, limit: int = 200) -> str:
 
 def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
     """Decorate a script's main(): a UserError prints `error: <message>` to stderr and returns 2;
-    --help returns 0."""
+    Ctrl-C one line and 130; --help returns 0."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs) -> int:
@@ -34,9 +37,19 @@ def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:  # data.prepare's, or train.py's before StopSignal: a traceback says nothing more
+            print(INTERRUPTED, file=sys.stderr)
+            return 130
         except SystemExit as e:  # --help exits 0 from inside main(); main(argv) returns it instead
             if e.code not in (0, None):
                 raise
             return 0
 
     return wrapper
+
+
+def interrupted(*_: Any) -> NoReturn:
+    """A SIGINT handler for a script's imports (torch's take seconds), where KeyboardInterrupt would be
+    a traceback: one line and the shell's 130."""
+    print(INTERRUPTED, file=sys.stderr)
+    raise SystemExit(130)

@@ -474,3 +474,119 @@ def test_runlog_resumed_after_kill_9_gives_wandb_what_metrics_jsonl_holds(tmp_pa
     assert [r for r in sent if "samples" not in r] == metrics  # each record once, in order, none missing
     samples = [r["step"] for r in sent if "samples" in r]  # not in metrics.jsonl: those past the checkpoint
     assert len(samples) == len(set(samples)) and 100 in samples
+
+
+def test_sigterm_during_an_eval_stops_it_saves_and_exits_without_another_step(tmp_path, data_root, monkeypatch,
+                                                                            capsys):
+    forward, steps, evals_at_10 = GPT.forward, [], []
+
+    def preempted(self, idx, targets=None, **kw):
+        if self.training:
+            steps.append(1)
+        elif len(steps) == 10:  # the eval at step 10 (or the save's probe of the weights)
+            evals_at_10.append(1)
+            if len(evals_at_10) == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return forward(self, idx, targets, **kw)
+
+    monkeypatch.setattr(GPT, "forward", preempted)
+    assert train.main(args := ["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--out-dir",
+                               str(tmp_path), "--data-root", str(data_root)]) == 143
+    assert len(steps) == 10 and load_checkpoint(tmp_path)["step"] == 10
+    assert len(evals_at_10) == 2  # the eval's first batch, then the save's probe: no more eval batches
+    assert max(records(tmp_path, "val_loss")) == 0  # the cut eval is not recorded, and none ran after it
+    out = capsys.readouterr().out
+    assert "stopped at step 10 (SIGTERM, during its eval)" in out and "final:" not in out
+    monkeypatch.setattr(GPT, "forward", forward)
+    assert train.main([*args, "--resume"]) == 0 and load_checkpoint(tmp_path)["step"] == 20
+
+
+def test_a_second_ctrl_c_during_the_save_lets_it_finish_then_quits_in_one_line(tmp_path, data_root, monkeypatch,
+                                                                               capsys):
+    forward, save, steps = GPT.forward, torch.save, []
+
+    def pressed(self, idx, targets=None, **kw):
+        steps.append(self.training)
+        if steps.count(True) == 4 and self.training:
+            os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C, during step 4: save, then eval
+        return forward(self, idx, targets, **kw)
+
+    class PressedAgain:  # the file torch.save writes: the second Ctrl-C lands in the middle of the write
+        def __init__(self, f):
+            self.f, self.pressed = f, False
+
+        def write(self, data):
+            if not self.pressed:
+                self.pressed = True
+                os.kill(os.getpid(), signal.SIGINT)
+            return self.f.write(data)
+
+        def flush(self):
+            self.f.flush()
+
+    monkeypatch.setattr(GPT, "forward", pressed)
+    monkeypatch.setattr(torch, "save", lambda obj, f, **kw: save(obj, PressedAgain(f), **kw))
+    assert train.main(["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--out-dir", str(tmp_path),
+                       "--data-root", str(data_root)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"quit at step 4; kept {tmp_path / 'ckpt.pt'} (step 4)"
+    assert "Traceback" not in err and "Error" not in err
+    assert load_checkpoint(tmp_path)["step"] == 4 and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_sigterm_during_the_end_of_run_sample_stops_it_and_says_the_run_is_saved(tmp_path, data_root, monkeypatch,
+                                                                                capsys):
+    trunk, decoded = GPT.trunk, []
+
+    def preempted(self, *a, **kw):
+        if kw.get("kv_cache") is not None:  # a decoding step of the sample
+            decoded.append(1)
+            if len(decoded) == 5:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return trunk(self, *a, **kw)
+
+    monkeypatch.setattr(GPT, "trunk", preempted)
+    assert train.main(["--config", "tiny", "--device", "cpu", "--sample-tokens", "200", "--out-dir", str(tmp_path),
+                       "--data-root", str(data_root)]) == 143
+    assert len(decoded) == 5  # stopped at once, not after 200 tokens
+    out, err = capsys.readouterr()
+    assert f"SIGTERM: the sample was cut short; kept {tmp_path / 'ckpt.pt'} (step 20)" in err
+    assert "nothing was saved" not in err + out and "sample (python sample.py" not in out
+    assert load_checkpoint(tmp_path)["step"] == 20
+
+
+def ctrl_c(cmd, when, cwd=ROOT):
+    """Run cmd, press Ctrl-C (SIGINT) as soon as when(pid) is true; (exit code, stderr)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while proc.poll() is None and not when(proc.pid):
+            pass
+        proc.send_signal(signal.SIGINT)
+        return proc.wait(timeout=60), proc.stderr.read()
+    finally:
+        proc.kill()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="watches /proc/PID/maps for torch's library")
+def test_ctrl_c_while_train_py_imports_torch_is_one_line(tmp_path):
+    def importing_torch(pid):
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+    code, err = ctrl_c([sys.executable, "train.py", "--config", "tiny", "--out-dir", str(tmp_path)], importing_torch)
+    assert (code, err.strip()) == (130, "interrupted; nothing was changed")
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
+def test_ctrl_c_during_data_prepare_is_one_line_and_keeps_the_dataset(tmp_path):
+    from data.prepare import prepare
+
+    text = (ROOT / "data" / "corpora" / "tinyshakespeare" / "input.txt").read_text()
+    (tmp_path / "small.txt").write_text(text)
+    (tmp_path / "big.txt").write_text(text * 30)  # 33 MB: seconds to tokenize
+    before = prepare(text=tmp_path / "small.txt", tokenizer="char", name="ds", out_root=tmp_path, verbose=False)
+    manifest = (before / "manifest.json").read_text()
+    code, err = ctrl_c([sys.executable, "-m", "data.prepare", "--text", str(tmp_path / "big.txt"), "--name", "ds",
+                        "--tokenizer", "char", "--out-root", str(tmp_path), "--force"],
+                       lambda pid: (tmp_path / ".ds.tmp").exists())  # the rebuild beside the dataset started
+    assert (code, err.strip()) == (130, "interrupted; nothing was changed")
+    assert (before / "manifest.json").read_text() == manifest and not (tmp_path / ".ds.tmp").exists()

@@ -10,15 +10,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import statistics
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 RECENT_STEPS = 21  # their median is "a step now": one slow step cannot move it, a change of pace can
 RESERVE_MARGIN = 1.2  # overrunning the limit is worse than one step less, and estimates are rough
 
@@ -67,16 +69,21 @@ class TimeBudget:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
+class Stopped(Exception):
+    """A stop signal during StopSignal.cut_short's work."""
+
+
 class StopSignal:
-    """A stop signal sets a flag; the loop finishes its step, saves, evaluates and exits.
+    """A stop signal sets a flag; the loop finishes its step, saves, evaluates and exits. During an
+    eval or the end-of-run sample (cut_short) it ends that work at once: nothing of it is saved.
 
     A second Ctrl-C quits at once (single process only: under torchrun every worker gets the
-    signal from the terminal and again from torchrun, which must not count as a second press).
-    Any other second signal (SIGTERM after SLURM's SIGUSR1) lets the save finish."""
+    signal from the terminal and again from torchrun, which must not count as a second press),
+    after the save if one is being written (holding). Any other second signal lets the save finish."""
 
     def __init__(self, escalate: bool) -> None:
         self.name: str | None = None
-        self.escalate = escalate
+        self.escalate, self.abrupt, self.hold, self.quit = escalate, False, False, False
         self.previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignal:
@@ -86,12 +93,38 @@ class StopSignal:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.abrupt:  # cut_short's caller says what was stopped
+            self.name, self.abrupt = self.name or signal.Signals(signum).name, False
+            raise Stopped
         if self.name and self.escalate and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        if not self.name:
+            self.quit = True
+            if not self.hold:
+                raise KeyboardInterrupt
+        elif not self.name:
             self.name = signal.Signals(signum).name
             print(f"\n{self.name}: finishing this step, then save + eval (Ctrl-C again to quit without saving)",
                   file=sys.stderr, flush=True)
+
+    def cut_short(self, work: Callable[[], T]) -> T | None:
+        """work(), or None if a stop signal came before it ended: for work whose result is not saved."""
+        self.abrupt = True
+        try:
+            return work()
+        except Stopped:
+            return None
+        finally:
+            self.abrupt = False
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """A save: a second Ctrl-C quits after it (torch.save would turn it into a RuntimeError mid-write)."""
+        self.hold = True
+        try:
+            yield
+        finally:
+            self.hold = False
+        if self.quit:
+            raise KeyboardInterrupt
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self.previous.items():
