@@ -41,7 +41,7 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_size, config.norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_size, config.norm_eps) if config.qk_norm else None
         # True above the diagonal: the future. Derived from block_size alone, so not saved with the weights.
-        future = torch.triu(torch.ones(config.block_size, config.block_size, dtype=torch.bool), diagonal=1)
+        future = torch.ones(config.block_size, config.block_size, dtype=torch.bool).triu_(1)  # in place: no 2nd copy
         self.register_buffer("causal_mask", future, persistent=False)
 
     def forward(self, x: torch.Tensor, *, context: torch.Tensor | None = None,

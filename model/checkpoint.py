@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from configs import available_configs
 from configs.errors import UserError, first_line
 from configs.model import GPTConfig
 from data.files import atomic_write, write_errors
@@ -51,8 +50,7 @@ def find_checkpoint(path: str | Path | None = None, best: bool = False) -> Path:
     if p.name == CKPT_NAME and (run / BEST_NAME).is_file():  # what --resume asks for, of a run that kept only best.pt
         raise UserError(f"{run} has {BEST_NAME} but no {CKPT_NAME} to resume; fine-tune from it with --init-from "
                         f"{run}, or copy {run / BEST_NAME} to {p} to resume from there")
-    preset = run == Path("out", run.name) and run.name in available_configs()  # where train.py --config NAME writes
-    train = f"--config {run.name}" if preset else f"--config small --out-dir {run}"
+    train = f"--config {run.name}" if run == Path("out", run.name) else f"--config small --out-dir {run}"
     runs = sorted(str(c.parent) for c in Path("out").glob(f"*/{CKPT_NAME}"))
     hint = f" (runs with a checkpoint: {', '.join(runs)})" if runs else ""
     raise UserError(f"no checkpoint at {p}; train one first: `python train.py {train}`{hint}")

@@ -216,9 +216,7 @@ def check_fits(cfg: TrainConfig, vocab_size: int, rt: Any) -> None:
     except (OSError, ValueError):  # neither MemAvailable nor sysconf's page count
         free = math.inf
     est = Estimate.of(meta_model(cfg, vocab_size), cfg, rt.dtype != torch.float32, rt.world_size)
-    # each (T, T) mask is made from a temporary of its size, in RAM: there it can be the peak
-    built = est.memory(0)["weights and buffers"] + cfg.block_size**2 if rt.device == "cpu" else 0
-    need = max(built, est.memory(cfg.batch_size or 1)["total"])  # --batch-size auto: its smallest choice
+    need = est.memory(cfg.batch_size or 1)["total"]  # --batch-size auto: its smallest choice
     if need > free:
         raise UserError(f"this run needs about {need / GiB:.1f} GiB (the plan: --plan) but the {rt.device} has "
                         f"{free / GiB:.1f} GiB available; {ADVICE}")
