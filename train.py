@@ -27,6 +27,7 @@ if __name__ == "__main__":  # Ctrl-C during the imports below (seconds for torch
 
 import contextlib
 import math
+import re
 import shlex
 import signal
 import sys
@@ -38,7 +39,7 @@ from tqdm import tqdm
 
 from configs import TrainConfig, parse_config
 from configs.cli import ArgumentParser, Flag, integer, number
-from configs.errors import entry_point
+from configs.errors import UserError, entry_point
 from data.loader import GlobalBatchLoader
 from model.checkpoint import BEST_NAME, CKPT_NAME, keep_best
 from training.budget import StopSignal, TimeBudget
@@ -190,6 +191,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                     run.log.close(exit_code=exit_code(stopped) if stopped else 1)  # None: it failed
             return finish(run, stopped, t_start, stop)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        if op := re.match(r"(\S+) does not have a deterministic implementation", str(e)):  # a GPU kernel
+            raise UserError(f"--deterministic: {op[1]} has no deterministic kernel on {rt.device}; drop "
+                            "--deterministic (runs then repeat only approximately)") from None
         if (oom := out_of_memory(e, rt.device)) is None:
             raise
         raise oom from None

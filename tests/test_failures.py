@@ -380,3 +380,13 @@ def test_ddp_an_error_preparing_the_data_is_one_line_from_rank_0(tmp_path):
     errors = [line for line in out.splitlines() if line.startswith("error: ")]
     assert done.returncode != 0 and len(errors) == 1 and "dataset 'unprepared' is neither a preset" in errors[0], out
     assert "Connection closed" not in out and not (tmp_path / "run").exists()
+
+
+def test_deterministic_on_an_op_without_a_deterministic_kernel_is_one_line(tmp_path, data_root, monkeypatch, capsys):
+    def cuda_only(*a):  # what torch raises on a GPU for such an op under use_deterministic_algorithms(True)
+        raise RuntimeError("adaptive_avg_pool2d_backward_cuda does not have a deterministic implementation, but you "
+                           "set 'torch.use_deterministic_algorithms(True)'. You can turn off determinism ...")
+
+    monkeypatch.setattr(train, "forward_backward", cuda_only)
+    line = fails(capsys, train.main, args(tmp_path, data_root, "--deterministic"))
+    assert "--deterministic: adaptive_avg_pool2d_backward_cuda has no deterministic kernel on cpu; drop" in line
