@@ -41,8 +41,7 @@ class Source:
 
 
 def hash_files(paths: Iterable[Path]) -> str:
-    """sha256 of the files' bytes, checking the UTF-8 .txt files on the way: one with NUL bytes is refused,
-    and one note names those with bytes that decode to U+FFFD."""
+    """sha256 of the files' bytes, checking the UTF-8 .txt files on the way (NUL bytes, U+FFFD: see above)."""
     h, bad = hashlib.sha256(), Counter[str]()  # file: bytes read as U+FFFD
     for p in paths:
         decode = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode

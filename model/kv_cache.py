@@ -34,8 +34,7 @@ class KVCache:
         # One tensor per layer, not one stacked tensor: a compiled step then writes the new
         # slot in place, where writing into a slice of a stacked input copied the whole cache.
         shape = (batch_size, config.n_head, max_len, config.head_size)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.k, self.v = ([torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)] for _ in range(2))
         self.mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.max_len, self.pos = max_len, 0
         # The current step (set by begin): the slots it writes, and which slots each query sees.
