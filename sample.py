@@ -45,9 +45,8 @@ def unescape(text: str) -> str:
 class TextStream:
     """One sample's token ids in, printable text out.
 
-    Each token's bytes go through an incremental UTF-8 decoder, so a multi-byte character
-    split across BPE tokens comes out once complete. The stream ends at the end-of-text token
-    or right after the first stop string; `text` is the finished sample.
+    Each token's bytes go through an incremental UTF-8 decoder, so a multi-byte character split across
+    BPE tokens comes out once complete. It ends at end-of-text or after the first stop string; `text` is the sample.
     """
 
     def __init__(self, tok, stops: Sequence[str] = ()):
@@ -283,8 +282,7 @@ def write_samples(args: argparse.Namespace, prompts: list[str], decode: Callable
     out = sys.stdout
     rows = [(j, k) for j in range(len(prompts)) for k in range(args.num_samples)]
     if len(rows) == 1:
-        out.write(prompts[0])
-        out.flush()
+        print(prompts[0], end="", file=out, flush=True)
         text = decode([0], on_text=lambda _, piece: (out.write(piece), out.flush()) if piece else None)[0]
         out.write("" if (prompts[0] + text).endswith("\n") else "\n")
         return

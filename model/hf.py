@@ -40,10 +40,9 @@ _EXPORT_FILES = {"config.json", "generation_config.json", "manifest.json", "mode
 
 
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    index = path / "model.safetensors.index.json"
     if (path / "model.safetensors").exists():
         shards = ["model.safetensors"]
-    elif index.exists():
+    elif (index := path / "model.safetensors.index.json").exists():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     elif (path / "pytorch_model.bin").exists():
         return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)

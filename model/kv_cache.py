@@ -34,7 +34,8 @@ class KVCache:
         # One tensor per layer, not one stacked tensor: a compiled step then writes the new
         # slot in place, where writing into a slice of a stacked input copied the whole cache.
         shape = (batch_size, config.n_head, max_len, config.head_size)
-        self.k, self.v = ([torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)] for _ in range(2))
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.max_len, self.pos = max_len, 0
         # The current step (set by begin): the slots it writes, and which slots each query sees.
@@ -115,9 +116,8 @@ def cache_slots(block_size: int, needed: int, compile: bool) -> int:
 def decode(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
            top_p: float | None, eos_id: int | None, padding_mask: torch.Tensor | None,
            generator: torch.Generator | None, use_cache: bool, compile: bool) -> Iterator[torch.Tensor]:
-    """GPT.generate's loop (arguments: see there). With the cache the first step fills it (the
-    prefill), each later step feeds one token, and rows slide one by one (KVCache.slide), so a
-    batch decodes exactly like its rows alone; compiled, DECODE_CHUNK steps a call between slides."""
+    """GPT.generate's loop (arguments: see there). With the cache the first step fills it (the prefill), each
+    later step feeds one token, and rows slide one by one (KVCache.slide): a batch decodes like its rows alone."""
     block_size, B, V = model.config.block_size, idx.size(0), model.config.vocab_size
     mask = padding_mask if padding_mask is not None and not bool(padding_mask.all()) else None
     done = torch.zeros(B, dtype=torch.bool, device=idx.device)
