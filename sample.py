@@ -36,20 +36,17 @@ from configs import Device, Dtype, load_config
 from configs.cli import ArgumentParser, argument, integer, number, seed
 from configs.errors import UserError, entry_point
 
-_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
-
 
 def unescape(text: str) -> str:
     """Turn the two-character sequences \\n, \\t, \\\\ into newline, tab, backslash; leave others."""
-    return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], text)
+    return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
 
 
 class TextStream:
     """One sample's token ids in, printable text out.
 
-    Each token's bytes go through an incremental UTF-8 decoder, so a multi-byte character
-    split across BPE tokens comes out once complete. The stream ends at the end-of-text token
-    or right after the first stop string; `text` is the finished sample.
+    Each token's bytes go through an incremental UTF-8 decoder, so a multi-byte character split across
+    BPE tokens comes out once complete. It ends at end-of-text or after the first stop string; `text` is the sample.
     """
 
     def __init__(self, tok, stops: Sequence[str] = ()):
@@ -91,11 +88,8 @@ class TextStream:
 def left_pad(rows: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token id lists -> idx (B, T) left-padded with 0, padding_mask (B, T) (None if no padding)."""
     T = max(len(r) for r in rows)
-    idx = torch.zeros(len(rows), T, dtype=torch.long)
-    mask = torch.zeros(len(rows), T, dtype=torch.bool)
-    for b, r in enumerate(rows):
-        idx[b, T - len(r) :] = torch.tensor(r, dtype=torch.long)
-        mask[b, T - len(r) :] = True
+    idx = torch.tensor([[0] * (T - len(r)) + list(r) for r in rows], dtype=torch.long)
+    mask = torch.tensor([[False] * (T - len(r)) + [True] * len(r) for r in rows], dtype=torch.bool)
     return idx.to(device), None if bool(mask.all()) else mask.to(device)
 
 
@@ -222,8 +216,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="int8: weight-only int8 Linear layers (CPU; a quarter of float32's bytes per token; "
                         "logits within ~0.1 of float32: docs/sampling.md)")
     p.add_argument("--show-attention", metavar="PNG", help="save the prompt's attention maps here")
-    p.add_argument("--layer", type=integer, default=0,
-                   help="layer for --show-attention (negative counts from the end)")
+    p.add_argument("--layer", type=integer, default=0, help="layer for --show-attention (negative counts from the end)")
     try:
         return p.parse_args(argv)
     except UserError as e:  # argparse calls --out-dir by its first name, --ckpt: name the one typed
@@ -285,13 +278,11 @@ def run(args: argparse.Namespace) -> None:
 
 
 def write_samples(args: argparse.Namespace, prompts: list[str], decode: Callable[..., list[str]]) -> None:
-    """One sample streams to stdout as it is decoded; several are decoded --batch-size rows at a
-    time and printed when their batch is done, each under a header. decode(rows) -> texts."""
+    """Stream one sample to stdout as it decodes; print several a --batch-size batch at a time, each under a header."""
     out = sys.stdout
     rows = [(j, k) for j in range(len(prompts)) for k in range(args.num_samples)]
     if len(rows) == 1:
-        out.write(prompts[0])
-        out.flush()
+        print(prompts[0], end="", file=out, flush=True)
         text = decode([0], on_text=lambda _, piece: (out.write(piece), out.flush()) if piece else None)[0]
         out.write("" if (prompts[0] + text).endswith("\n") else "\n")
         return

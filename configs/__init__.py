@@ -118,8 +118,7 @@ class TrainConfig:
             raise UserError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
-        """The network this config describes: every field GPTConfig shares with TrainConfig,
-        with vocab_size 0 meaning the tokenizer's (the argument)."""
+        """The network this config describes: the fields GPTConfig shares; vocab_size 0 takes the argument."""
         shared = {k: getattr(self, k) for k in model_fields()}
         return GPTConfig(**shared | {"vocab_size": self.vocab_size or vocab_size})
 
@@ -139,10 +138,9 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def summary(self, width: int = 100) -> str:
+    def summary(self) -> str:
         """The resolved config as a few wrapped `key=value` lines."""
-        text = " ".join(f"{k}={v}" for k, v in self.to_dict().items())
-        return textwrap.fill(text, width=width, subsequent_indent="  ")
+        return textwrap.fill(" ".join(f"{k}={v}" for k, v in self.to_dict().items()), 100, subsequent_indent="  ")
 
 
 def model_fields() -> tuple[str, ...]:
@@ -177,8 +175,7 @@ def named_config(name: str) -> TrainConfig:
         hint = closest(name, names)
         raise UserError(f"unknown config {name!r}; " + (f"did you mean {hint!r}? " if hint else "")
                         + f"choose one of {', '.join(names)}, a .toml file or a run directory")
-    module = importlib.import_module(f"configs.{name}")
-    cfg = getattr(module, "CONFIG", None)
+    cfg = getattr(importlib.import_module(f"configs.{name}"), "CONFIG", None)
     if not isinstance(cfg, TrainConfig):  # a broken preset is a bug, not a user error
         raise TypeError(f"configs/{name}.py must define CONFIG = replace(BASE, ...)")
     return replace(cfg, name=name)
@@ -189,13 +186,12 @@ def config_file(path: Path) -> TrainConfig:
     run's config.json (written by train.py as cfg.to_dict()); a run directory means its config.json."""
     path = path / "config.json" if path.is_dir() else path
     try:
-        text = path.read_text()
         if path.suffix == ".json":
-            data = json.loads(text)
+            data = json.loads(path.read_text())
         else:
             import tomllib  # here, not at the top: Python < 3.11 can still run the named configs
 
-            data = tomllib.loads(text)
+            data = tomllib.loads(path.read_text())
     except (OSError, ValueError) as e:  # JSON and TOML syntax errors are ValueErrors
         raise UserError(f"cannot read config file {path}: {e}") from None
     if not isinstance(data, dict):
@@ -267,5 +263,4 @@ def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> t
 
 def load_config(name_or_path: str = "small", overrides: Sequence[str] | None = None) -> TrainConfig:
     """The config `train.py --config name_or_path *overrides` would run."""
-    parser = ArgumentParser(prog="train.py")
-    return parse_config(parser, ["--config", name_or_path, *(overrides or [])])[0]
+    return parse_config(ArgumentParser(prog="train.py"), ["--config", name_or_path, *(overrides or [])])[0]

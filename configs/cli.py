@@ -87,14 +87,12 @@ class Choice:
         if value in self.options:
             return value
         hint = ALIASES.get(str(value).lower()) or closest(str(value).lower(), self.options)
-        hint = hint if hint in self.options else None
         raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(self.options)}"
-                                         + (f"; did you mean {hint!r}?" if hint else ""))
+                                         + (f"; did you mean {hint!r}?" if hint in self.options else ""))
 
 
 def converter(annotation: Any, bounds: str = "") -> Callable[[Any], Any]:
-    """The function that checks and converts a command-line string or a TOML/JSON value to
-    `annotation` (int or float within `bounds`, bool, str or a Literal of strings); it raises ArgumentTypeError."""
+    """Checks and converts a command-line string or a TOML/JSON value to `annotation`; raises ArgumentTypeError."""
     if get_origin(annotation) is Literal:
         return Choice(get_args(annotation))
     return {int: integer.within(bounds), float: number.within(bounds), bool: boolean, str: str}[annotation]
@@ -148,19 +146,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return super()._format_action_invocation(action)
 
 
-def _dashes(argv: Sequence[str]) -> list[str]:
-    """`--max_iters=5` -> `--max-iters=5`: only the flag's name, never a value, nothing after `--`."""
-    out = []
-    for i, arg in enumerate(argv):
-        if arg == "--":
-            return out + list(argv[i:])
-        if arg.startswith("--"):
-            flag, eq, value = arg.partition("=")
-            arg = flag.replace("_", "-") + eq + value
-        out.append(arg)
-    return out
-
-
 class ArgumentParser(argparse.ArgumentParser):
     """argparse.ArgumentParser with the habits in this module's docstring."""
 
@@ -171,15 +156,19 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
-        return super().parse_known_args(self._bare_flags(_dashes(sys.argv[1:] if args is None else args)), namespace)
+        return super().parse_known_args(self._spelled_out(sys.argv[1:] if args is None else args), namespace)
 
-    def _bare_flags(self, argv: list[str]) -> list[str]:
-        """A boolean flag takes the next word only when it is true/false, so `--force NAME` keeps
-        NAME for the positional: `--force` -> `--force=true`, `--no-force` -> `--force=false`."""
+    def _spelled_out(self, argv: Sequence[str]) -> list[str]:
+        """`--max_iters=5` -> `--max-iters=5` (the flag's name, never a value, nothing after `--`); a boolean
+        flag takes the next word only when it is true/false, so `--force NAME` keeps NAME for the positional:
+        `--force` -> `--force=true`, `--no-force` -> `--force=false`."""
         out = list(argv)
         for i, arg in enumerate(argv):
             if arg == "--":
                 break
+            if arg.startswith("--"):
+                flag, eq, value = arg.partition("=")
+                arg = out[i] = flag.replace("_", "-") + eq + value
             action = self._option_string_actions.get(arg)
             if isinstance(action, Flag):
                 following = argv[i + 1].lower() if i + 1 < len(argv) else ""

@@ -1,8 +1,7 @@
 """Mistakes a user can fix: one exception type (UserError), one line and exit status 2 for it.
 
-The wrapper `entry_point` gives every script that line (a bad flag, a missing file, ...).
-
-Anything else is a bug and keeps its traceback.
+The wrapper `entry_point` gives every script that line (a bad flag, a missing file, ...);
+anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations

@@ -8,12 +8,8 @@ from typing import Any
 from .cli import integer, number
 from .errors import UserError
 
-CHOICES = {
-    "pos_emb": ("learned", "rope"),
-    "norm": ("layernorm", "rmsnorm"),
-    "activation": ("gelu", "gelu_exact", "relu2"),
-    "attention": ("sdpa", "explicit"),
-}
+CHOICES = {"pos_emb": ("learned", "rope"), "norm": ("layernorm", "rmsnorm"),
+           "activation": ("gelu", "gelu_exact", "relu2"), "attention": ("sdpa", "explicit")}
 
 BOUNDS = dict.fromkeys("vocab_size block_size n_layer n_head n_embd mlp_ratio".split(), ">= 1") | {"dropout": "[0, 1)"}
 
@@ -48,10 +44,8 @@ class GPTConfig:
             if type(value) not in (int, rule.kind) or not rule.holds(value):  # no bool, no 2.0 for an int
                 raise UserError(f"model config: {name} expects {rule.expects}, got {value!r}")
         if self.n_embd % self.n_head:
-            raise UserError(
-                f"model config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
-                f"try n_head in {[h for h in range(1, 17) if self.n_embd % h == 0]}"
-            )
+            raise UserError(f"model config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
+                            f"try n_head in {[h for h in range(1, 17) if self.n_embd % h == 0]}")
         if self.pos_emb == "rope" and self.head_size % 2:
             raise UserError(f"model config: rope needs an even head size, got {self.head_size}")
         for name, allowed in CHOICES.items():

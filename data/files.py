@@ -33,8 +33,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
 
 
 def swap_dir(new: Path, dst: Path) -> None:
-    """Move folder new to dst in one step; an existing dst goes to new's name (for the caller to delete).
-    A reader of dst, or a kill at any point, finds the old dst whole or the new one whole."""
+    """Move folder new to dst in one step; an existing dst goes to new's name (for the caller to delete)."""
     libc, a, b = ctypes.CDLL(None, use_errno=True), os.fsencode(new), os.fsencode(dst)
     if not dst.exists():
         os.rename(new, dst)

@@ -75,10 +75,7 @@ class BatchLoader:
             return np.random.default_rng([self.seed, 0, step]).integers(0, len(self._windows), size=self.batch_size)
         pos = step * self.batch_size + np.arange(self.batch_size)
         epochs, idx = np.divmod(pos, self.n_windows)
-        window = np.empty(self.batch_size, dtype=np.int64)
-        for e in np.unique(epochs):  # one or two epochs per batch unless batches exceed an epoch
-            sel = epochs == e
-            window[sel] = self._perm(int(e))[idx[sel]]
+        window = np.array([self._perm(int(e))[i] for e, i in zip(epochs, idx)], dtype=np.int64)
         return window * self.block_size
 
     def next_batch(self, rows: np.ndarray | slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,8 +114,7 @@ class GlobalBatchLoader(BatchLoader):
 
 def eval_batches(path: str | os.PathLike, block_size: int, batch_size: int, device: str | torch.device = "cpu",
                  max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Deterministic pass over the non-overlapping windows starting at 0, block_size, 2*block_size...;
-    the last batch may be smaller than batch_size. With max_batches, stops after that many."""
+    """A deterministic pass over the non-overlapping windows from 0, block_size, ...; the last batch may be short."""
     windows, _ = _load_windows(path, block_size)  # checked now, not at the first next()
     starts = np.arange(0, len(windows), block_size)
     if max_batches is not None:

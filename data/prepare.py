@@ -153,10 +153,12 @@ def _encode_stream(tok: Tokenizer, batches: Iterator[list[str]], num_proc: int,
             yield pending.pop(0).get()
 
 
-def _check_split_sizes(n_train: int, n_val: int, val_fraction: float) -> None:
-    if n_train == 0 or n_val == 0:
-        raise UserError(f"corpus is too small to split ({n_train + n_val} tokens with "
-                        f"--val-fraction {val_fraction}); give more text")
+def _split_point(n: int, val_fraction: float) -> int:
+    """Where val starts in n characters or tokens: its last val_fraction, neither part empty."""
+    cut = int(n * (1 - val_fraction))
+    if cut == 0 or cut == n:
+        raise UserError(f"corpus is too small to split ({n} tokens with --val-fraction {val_fraction}); give more text")
+    return cut
 
 
 def _prepare_single_text(source: Source, tok_name: str, out_dir: Path, val_fraction: float,
@@ -167,8 +169,7 @@ def _prepare_single_text(source: Source, tok_name: str, out_dir: Path, val_fract
     if not corpus.strip():
         raise UserError(f"{source.label} is empty; give a file with text")
     tok = get_tokenizer(tok_name, text=corpus)
-    cut = int(len(corpus) * (1 - val_fraction))
-    _check_split_sizes(cut, len(corpus) - cut, val_fraction)
+    cut = _split_point(len(corpus), val_fraction)
     counts = {}
     with tqdm(total=len(corpus), unit="char", unit_scale=True, desc=f"{out_dir.name}: tokenizing",
               disable=not verbose or len(corpus) < 4 * _CHUNK_CHARS) as bar:
@@ -218,8 +219,7 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
     tokens = read_tokens(stream)
     if len(tokens) == 0:
         raise UserError(f"{source.label} has no text; give a non-empty corpus")
-    cut = int(len(tokens) * (1 - val_fraction))
-    _check_split_sizes(cut, len(tokens) - cut, val_fraction)
+    cut = _split_point(len(tokens), val_fraction)
     val_chunks = (tokens[i : i + _COPY_CHUNK] for i in range(cut, len(tokens), _COPY_CHUNK))
     counts = {"val": write_tokens(out_dir / "val.bin", val_chunks, tok.vocab_size), "train": cut}
     del tokens, val_chunks  # release the memmap before truncating the file under it
@@ -266,8 +266,7 @@ def hold_dataset(ds_dir: str | os.PathLike, *, rebuild: bool = False) -> IO[str]
 
 @contextlib.contextmanager
 def _rebuilding(out_dir: Path) -> Iterator[Path]:
-    """An empty folder to build dataset out_dir in, swapped in (files.swap_dir) when the block completes:
-    the old dataset stays whole until then, and a kill at any point leaves the old or the new one."""
+    """An empty folder to build dataset out_dir in, swapped in whole (files.swap_dir) when the block completes."""
     lock = hold_dataset(out_dir, rebuild=True)
     work = out_dir.parent / f".{out_dir.name}.tmp" / out_dir.name
     try:

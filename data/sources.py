@@ -41,8 +41,7 @@ class Source:
 
 
 def hash_files(paths: Iterable[Path]) -> str:
-    """sha256 of the files' bytes, checking the UTF-8 .txt files on the way: one with NUL bytes is refused,
-    and one note names those with bytes that decode to U+FFFD."""
+    """sha256 of the files' bytes, checking the UTF-8 .txt files on the way (NUL bytes, U+FFFD: see above)."""
     h, bad = hashlib.sha256(), Counter[str]()  # file: bytes read as U+FFFD
     for p in paths:
         decode = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode
@@ -135,14 +134,6 @@ def _column_texts(ds: Any, column: str, where: str) -> Iterator[str]:
             yield value
 
 
-def _read_files(builder: str, files: list[Path], column: str, where: str) -> Iterator[str]:
-    if builder != "text":
-        ds = _open(where, "check the files' format", builder, data_files=[str(p) for p in files], split="train",
-                   streaming=True)
-        return _column_texts(ds, column, where)
-    return _read_texts(files, where)
-
-
 def _read_texts(paths: list[Path], where: str) -> Iterator[str]:
     """Each text file as one document, in the encoding text_encoding finds."""
     for path in paths:
@@ -190,9 +181,16 @@ def files_source(paths: Iterable[str | os.PathLike], text_column: str = "text") 
         raise UserError("--files mixes formats (" + ", ".join(sorted(kinds)) + "); give one format per run")
     builder = kinds.pop()
     where = str(files[0]) if len(files) == 1 else f"{len(files)} {builder} files"
+
+    def documents() -> Iterator[str]:
+        if builder == "text":
+            return _read_texts(files, where)
+        ds = _open(where, "check the files' format", builder, data_files=[str(p) for p in files], split="train",
+                   streaming=True)
+        return _column_texts(ds, text_column, where)
+
     return Source(label=where, description={"kind": "files", "format": builder, "paths": [str(p) for p in files],
-                                            "text_column": text_column},
-                  documents=lambda: _read_files(builder, files, text_column, where), sha256=hash_files(files))
+                                            "text_column": text_column}, documents=documents, sha256=hash_files(files))
 
 
 def dataset_source(name: str, subset: str | None = None, split: str = "train", text_column: str = "text",

@@ -38,8 +38,7 @@ TOKENIZERS = ("char", "gpt2")
 def _checked(ids: Any, vocab_size: int, vocabulary: str) -> list[int]:
     """ids (a list, numpy array or torch tensor: no torch import) as ints, each in 0..vocab_size-1."""
     ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
-    bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad:
+    if bad := [i for i in ids if not 0 <= i < vocab_size]:
         raise ValueError(f"token id {bad[0]} is outside the {vocabulary} vocabulary (size {vocab_size})")
     return ids
 
@@ -95,9 +94,7 @@ class GPT2Tokenizer:
         self.enc = _gpt2_encoding()
 
     def encode(self, text: str, allow_special: bool = False) -> list[int]:
-        if allow_special:
-            return self.enc.encode(text, allowed_special={GPT2_EOT})
-        return self.enc.encode_ordinary(text)
+        return self.enc.encode(text, allowed_special={GPT2_EOT}) if allow_special else self.enc.encode_ordinary(text)
 
     def encode_array(self, text: str) -> np.ndarray:
         return np.asarray(self.enc.encode_ordinary(text), dtype=np.int64)

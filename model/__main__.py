@@ -29,12 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     from .trace import shape_trace
 
     cfg = load_config(args.config)
-    vocab = cfg.vocab_size
     manifest = Path(cfg.data_root) / cfg.dataset / "manifest.json"
-    if not vocab and manifest.is_file():
-        vocab = read_manifest(manifest)["vocab_size"]
-    if not vocab:  # not prepared yet: the two tokenizers' sizes
-        vocab = 65 if "char" in cfg.dataset else 50257
+    vocab = cfg.vocab_size or (read_manifest(manifest)["vocab_size"] if manifest.is_file() else 0)
+    vocab = vocab or (65 if "char" in cfg.dataset else 50257)  # not prepared yet: the two tokenizers' sizes
     print(shape_trace(GPT(cfg.model_config(vocab)), args.batch_size, args.seq_len, args.blocks))
     return 0
 

@@ -39,8 +39,7 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
 
 
 def find_checkpoint(path: str | Path | None = None, best: bool = False) -> Path:
-    """The checkpoint of a run dir (best=True: its best.pt if it has one, else ckpt.pt) or a
-    .pt file; None means the default run, out/small."""
+    """The checkpoint of a run dir (best=True: its best.pt if any, else ckpt.pt) or a .pt file; None: out/small."""
     p = Path(path if path is not None else "out/small")
     if p.is_dir() or p.suffix != ".pt":
         p = p / BEST_NAME if best and (p / BEST_NAME).is_file() else p / CKPT_NAME
@@ -78,12 +77,11 @@ def is_checkpoint(path: str | Path) -> bool:
     return (p / CKPT_NAME).is_file() or (p.suffix == ".pt" and p.is_file())
 
 
-def load_checkpoint(path: str | Path | None = None, map_location: str | torch.device = "cpu",
-                    best: bool = False) -> dict[str, Any]:
-    """Load a checkpoint dict safely (weights_only); a clear UserError if it is not one."""
+def load_checkpoint(path: str | Path | None = None, best: bool = False) -> dict[str, Any]:
+    """Load a checkpoint dict safely (weights_only) onto the CPU; a clear UserError if it is not one."""
     p = find_checkpoint(path, best)
     try:
-        ckpt = torch.load(p, map_location=map_location, weights_only=True)
+        ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, random bytes, pickled objects...: all unusable
         # Not torch's advice (weights_only=False runs the file's code), and only its first sentence.
         found, reason = re.search(r"GLOBAL (\S+)", str(e)), first_line(e, 300).split(". ")[0]
@@ -97,8 +95,7 @@ def load_checkpoint(path: str | Path | None = None, map_location: str | torch.de
 
 
 def model_from_checkpoint(ckpt: dict[str, Any], where: str | Path, **overrides: Any) -> GPT:
-    """The GPT a checkpoint (the file `where`) describes, with its weights (overrides, e.g.
-    dropout, go into GPTConfig)."""
+    """The GPT that checkpoint `where` describes, with its weights; overrides (e.g. dropout) go into GPTConfig."""
     try:
         model = GPT(GPTConfig.from_dict(ckpt["model_config"], **overrides))
         model.load_state_dict(ckpt["model"])
@@ -111,9 +108,7 @@ def model_from_checkpoint(ckpt: dict[str, Any], where: str | Path, **overrides: 
     return model
 
 
-def load_model(path: str | Path | None = None, device: str | torch.device = "cpu",
-               best: bool = False) -> tuple[GPT, dict[str, Any]]:
-    """(GPT, checkpoint dict) from a run dir or ckpt file, in eval mode on `device`."""
-    path = find_checkpoint(path, best)
-    ckpt = load_checkpoint(path, map_location="cpu")
-    return model_from_checkpoint(ckpt, path).to(device).eval(), ckpt
+def load_model(path: str | Path | None = None) -> tuple[GPT, dict[str, Any]]:
+    """(GPT, checkpoint dict) from a run dir or ckpt file, in eval mode on the CPU."""
+    ckpt = load_checkpoint(path)
+    return model_from_checkpoint(ckpt, find_checkpoint(path)).eval(), ckpt

@@ -40,10 +40,9 @@ _EXPORT_FILES = {"config.json", "generation_config.json", "manifest.json", "mode
 
 
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    index = path / "model.safetensors.index.json"
     if (path / "model.safetensors").exists():
         shards = ["model.safetensors"]
-    elif index.exists():
+    elif (index := path / "model.safetensors.index.json").exists():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     elif (path / "pytorch_model.bin").exists():
         return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
@@ -162,8 +161,7 @@ def checkpoint_manifest(path: Path, ckpt: dict[str, Any]) -> dict[str, Any]:
 
 
 def pretrained_manifest(path: Path, ckpt: dict | None) -> dict:
-    """The data manifest (the tokenizer) of what load_pretrained loaded: a checkpoint's own; an
-    exported directory's manifest.json; GPT-2 BPE for any other HF directory."""
+    """The data manifest (the tokenizer) of what load_pretrained loaded; GPT-2 BPE's for a HF dir without one."""
     if ckpt is not None:
         return checkpoint_manifest(path, ckpt)
     return read_manifest(path / "manifest.json") if (path / "manifest.json").is_file() else GPT2_MANIFEST
@@ -171,18 +169,16 @@ def pretrained_manifest(path: Path, ckpt: dict | None) -> dict:
 
 def check_exportable(c: GPTConfig) -> None:
     """HF GPT-2 has learned positions, LayerNorm, GELU, biases and no QK-norm; refuse the rest."""
-    differ = [k for k, v in GPT2_ARCH.items() if getattr(c, k) != v]
-    if differ:
+    if differ := [k for k, v in GPT2_ARCH.items() if getattr(c, k) != v]:
         has = ", ".join(f"{k}={getattr(c, k)}" for k in differ)
         raise UserError(f"Hugging Face GPT-2 cannot express this model ({has}); train with "
                         f"{' '.join(_ARCH_FLAGS[k] for k in differ)} for a run that exports")
 
 
 def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_size: int | None = None) -> Path:
-    """Write model as a HF GPT-2 directory that `GPT2LMHeadModel.from_pretrained` loads:
-    model.safetensors, config.json, generation_config.json. eot_id is the tokenizer's end-of-text
-    (bos/eos; None for vocabularies without one); vocab_size (the tokenizer's) drops the rows an
-    embedding padded past it has, so transformers can never generate those ids."""
+    """Write model as a HF GPT-2 directory that `GPT2LMHeadModel.from_pretrained` loads. eot_id is the
+    tokenizer's end-of-text (bos/eos; None for vocabularies without one); vocab_size (the tokenizer's)
+    drops the rows an embedding padded past it has, so transformers can never generate those ids."""
     from safetensors.torch import save
 
     c = model.config
@@ -222,8 +218,7 @@ def _killed(tmp: Path) -> bool:
 
 
 def _check_target(out: Path, run: str | Path, source: Path) -> None:
-    """Export only into a new or empty directory, or over an earlier export of this run (its manifest.json's
-    exported_from says whose) holding nothing else: the export replaces the directory whole."""
+    """Refuse OUT unless it is new, empty or only an earlier export of this run (manifest.json's exported_from)."""
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} is a file; export {run} into an empty or new directory")
     names = {p.name for p in out.iterdir()} if out.exists() else set()

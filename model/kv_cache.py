@@ -116,9 +116,8 @@ def cache_slots(block_size: int, needed: int, compile: bool) -> int:
 def decode(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
            top_p: float | None, eos_id: int | None, padding_mask: torch.Tensor | None,
            generator: torch.Generator | None, use_cache: bool, compile: bool) -> Iterator[torch.Tensor]:
-    """GPT.generate's loop (arguments: see there). With the cache the first step fills it (the
-    prefill), each later step feeds one token, and rows slide one by one (KVCache.slide), so a
-    batch decodes exactly like its rows alone; compiled, DECODE_CHUNK steps a call between slides."""
+    """GPT.generate's loop (arguments: see there). With the cache the first step fills it (the prefill), each
+    later step feeds one token, and rows slide one by one (KVCache.slide): a batch decodes like its rows alone."""
     block_size, B, V = model.config.block_size, idx.size(0), model.config.vocab_size
     mask = padding_mask if padding_mask is not None and not bool(padding_mask.all()) else None
     done = torch.zeros(B, dtype=torch.bool, device=idx.device)

@@ -31,8 +31,7 @@ class Int8Linear(nn.Module):
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
-    """Swap every nn.Linear in model (in place) for an Int8Linear; returns model. For inference:
-    the int8 weights are buffers, not trained."""
+    """Swap every nn.Linear in model (in place) for an Int8Linear, for inference only; returns model."""
     for name, child in model.named_children():
         if isinstance(child, nn.Linear):
             quantized = Int8Linear(child)

@@ -57,8 +57,7 @@ def attention_weights(module: nn.Module, *args, **kwargs) -> tuple[Any, list[tor
 
 
 def shape_trace(model: GPT, batch_size: int = 1, seq_len: int | None = None, blocks_in_detail: int = 1) -> str:
-    """Run one forward pass on zeros and return a table in execution order. The first
-    `blocks_in_detail` blocks are shown module by module; later ones as one row each."""
+    """A table of one forward pass on zeros, in execution order; blocks past `blocks_in_detail` get a row each."""
     c = model.config
     T = seq_len or c.block_size
     lines = [
@@ -91,8 +90,7 @@ def shape_trace(model: GPT, batch_size: int = 1, seq_len: int | None = None, blo
 
 
 def token_label(tok, token_id: int) -> str:
-    text = tok.decode([token_id])
-    return text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423")
+    return tok.decode([token_id]).replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423")
 
 
 @torch.no_grad()

@@ -31,8 +31,7 @@ def orthogonalize(update: torch.Tensor, steps: int = 5, dtype: torch.dtype = tor
         gram = x @ x.mT
         # x <- a x + (b gram + c gram^2) x, each sum fused into its matmul (docs/performance.md)
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    x = x.mT if tall else x
-    return x.reshape(update.shape).to(update.dtype)
+    return (x.mT if tall else x).reshape(update.shape).to(update.dtype)
 
 
 class Muon(torch.optim.Optimizer):
@@ -45,10 +44,8 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
                                       weight_decay=weight_decay))
         self.ns_dtype = ns_dtype
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.dim() != 2:
-                    raise ValueError(f"Muon takes 2-D weights only, got shape {tuple(p.shape)}")
+        if bad := [p for group in self.param_groups for p in group["params"] if p.dim() != 2]:
+            raise ValueError(f"Muon takes 2-D weights only, got shape {tuple(bad[0].shape)}")
 
     @torch.no_grad()
     def step(self, closure=None) -> None:
@@ -119,8 +116,7 @@ def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool,
     fused: AdamW's one-kernel step (rt.choices.fused_adamw). dtype: the run's compute dtype
     (rt.choices.dtype), which Muon's Newton-Schulz uses too: bf16 only where bf16 is native."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights once
-    use_muon = cfg.optimizer == "muon"
-    hidden = [p for n, p in named if use_muon and p.dim() == 2 and ".h." in n]
+    hidden = [p for n, p in named if cfg.optimizer == "muon" and p.dim() == 2 and ".h." in n]
     rest = [p for n, p in named if not any(p is q for q in hidden)]
     adam_groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
                    {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
@@ -136,9 +132,8 @@ def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool,
 
 
 def lr_multiplier(step: int, progress: float, cfg: Any) -> float:
-    """Fraction of the peak learning rate at optimizer step `step` (0-based): linear warmup over
-    warmup_iters, then by `progress`, the share of the run done (steps, or --max-time's clock if
-    further along): cosine from 1 to min_lr / lr; wsd 1, then linear over the last decay_frac; constant 1."""
+    """Fraction of the peak learning rate at optimizer step `step` (0-based): linear warmup, then cfg.lr_schedule
+    by `progress`, the share of the run done (steps, or --max-time's clock if further along)."""
     if step < cfg.warmup_iters:
         return (step + 1) / (cfg.warmup_iters + 1)
     if cfg.lr_schedule == "constant":

@@ -23,13 +23,14 @@ from configs import TrainConfig
 from configs.errors import UserError, first_line
 from configs.model import GPTConfig
 from model.gpt import GPT
+from training.optim import Muon, configure_optimizer
+from training.runtime import GPU_MEMORY_GB, PEAK_FLOPS
 
 F32 = 4  # bytes of a float32: parameters, gradients, optimizer state, the residual stream
 GiB = 2**30
 USABLE = 0.9  # share of a GPU's memory to plan on: the CUDA context and the allocator's fragmentation take the rest
 DEFAULT_MFU = 0.3  # what nanoGPT's GPT-2 runs reach; tiny models reach far less (docs/planning.md)
 ADVICE = "use --batch-size auto, a smaller --block-size or a smaller model"
-MFU_SOURCE = "nanoGPT's GPT-2 124M run: 4 days on 8 A100 = 29%"
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,6 @@ class Counts:
 
 def count(model: torch.nn.Module, cfg: TrainConfig) -> Counts:
     """Counts for model under cfg's optimizer recipe (optim.configure_optimizer's own split)."""
-    from training.optim import Muon, configure_optimizer
-
     opt = configure_optimizer(model, cfg, fused=False)  # no state is allocated before the first step
     muon = [p for o in opt.optimizers if isinstance(o, Muon) for g in o.param_groups for p in g["params"]]
     groups = Counter(p.shape for p in muon)  # weights of one shape are orthogonalized as one batch
@@ -122,9 +121,8 @@ class Estimate:
         return cls(count(model, cfg), model.config, cfg.block_size, low_precision, cfg.compile, nproc)
 
     def memory(self, batch: int) -> dict[str, int]:
-        """Peak bytes per process by part. "total": what lives throughout (gradients included, as from
-        the second micro-step on) plus the largest of the autocast copies with the activations and
-        the LATER parts, which come after the activations are freed."""
+        """Peak bytes per process by part. "total": what lives throughout (gradients included, as from the
+        second micro-step on) plus the largest of the autocast copies with the activations and the LATER parts."""
         n = self.counts
         parts = {
             "weights and buffers": F32 * n.params + n.buffers,
@@ -166,8 +164,6 @@ class Estimate:
 def gpu_spec(name: str) -> tuple[str, int, float]:
     """(label, memory bytes, dense bf16 FLOP/s) for --gpu NAME: a runtime.PEAK_FLOPS entry in any
     case, without spaces or "RTX " (h100, a100, 4090), optionally sized: a100-40gb, h100-94gb."""
-    from training.runtime import GPU_MEMORY_GB, PEAK_FLOPS
-
     match = re.fullmatch(r"(.+?)(?:-(\d+)gb)?", name.lower().replace(" ", ""))
     names = {s: k for k in PEAK_FLOPS for s in (k.lower().replace(" ", ""), k.lower().removeprefix("rtx "))}
     key = names.get(match.group(1)) if match else None
@@ -185,8 +181,7 @@ def free_memory(device: str) -> int:
     if device == "mps":
         return torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
     try:
-        meminfo = open("/proc/meminfo").read()
-        return int(re.search(r"MemAvailable:\s+(\d+) kB", meminfo).group(1)) * 1024
+        return int(re.search(r"MemAvailable:\s+(\d+) kB", open("/proc/meminfo").read()).group(1)) * 1024
     except (OSError, AttributeError):  # not Linux: free pages, which leaves out the page cache
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
@@ -289,13 +284,12 @@ def plan_report(cfg: TrainConfig, vocab_size: int, gpu: str, nproc: int, mfu: fl
     lines += [_fit_line(est, budget, share, tokens),
               f"time          {_duration(step)}/step, {tokens / step:,.0f} tokens/s; "
               f"max_iters {cfg.max_iters:,} = {_duration(step * cfg.max_iters)}",
-              f"              at {mfu:.0%} MFU ({MFU_SOURCE}; --mfu to change)"]
+              f"              at {mfu:.0%} MFU (nanoGPT's GPT-2 124M run: 4 days on 8 A100 = 29%; --mfu to change)"]
     return "\n".join(lines)
 
 
 def _memory_lines(est: Estimate, batch: int, capacity: int) -> list[str]:
-    """The plan's memory block: each part at micro-batch `batch`, the peak against the GPU's
-    capacity, and the activations of both attention paths, eager and compiled."""
+    """The plan's memory block: each part, the peak against the GPU's capacity, both attention paths' activations."""
     mem, budget, n, low = est.memory(batch), USABLE * capacity, est.counts, est.low_precision
     unit, unit_name = (GiB, "GiB") if mem["total"] >= GiB else (2**20, "MiB")
     optimizers = f"AdamW on {_count(n.adamw)}" + (f", Muon on {_count(n.muon)}" if n.muon else "")

@@ -15,15 +15,16 @@ from typing import Any
 
 import numpy as np
 
+from configs import BASE
+
 REFERENCE_DIR = Path(__file__).resolve().parent.parent / "configs" / "reference"
 KEYS = ("loss", "train_loss", "val_loss")
 
 # Fields a run may differ in and still be compared: they leave the loss curve alone, within
 # the seed spread (docs/training.md).
-MATCH_IGNORES = frozenset({
-    "name", "out_dir", "data_root", "resume", "seed", "eval_interval", "log_interval", "sample_tokens",
-    "attention", "device", "dtype", "compile", "threads", "wandb", "wandb_project", "wandb_run_name",
-})
+MATCH_IGNORES = frozenset({"name", "out_dir", "data_root", "resume", "seed", "eval_interval", "log_interval",
+                           "sample_tokens", "attention", "device", "dtype", "compile", "threads", "wandb",
+                           "wandb_project", "wandb_run_name"})
 
 # "Clearly outside" is a band width beyond the band's edge, and never closer than MIN_MARGIN: a
 # new seed lands outside n seeds' min-max range often (docs/training.md), and machines differ slightly.
@@ -45,27 +46,20 @@ class Reference:
     def matching(cls, cfg: dict[str, Any], world_size: int = 1) -> Reference | None:
         """The reference whose config shapes the loss curve exactly as cfg does, if one does.
         cfg is the run's resolved config (vocab_size set), as its config.json records it."""
-        for path in sorted(REFERENCE_DIR.glob("*.json")):
-            ref = cls.load(path)
-            if not ref.mismatches(cfg, world_size):
-                return ref
-        return None
+        refs = (cls.load(path) for path in sorted(REFERENCE_DIR.glob("*.json")))
+        return next((ref for ref in refs if not ref.mismatches(cfg, world_size)), None)
 
     def mismatches(self, cfg: dict[str, Any], world_size: int = 1) -> list[str]:
         """The fields (outside MATCH_IGNORES) in which cfg differs from the reference's config.
         A field newer than the reference matches at its default (which kept the old behaviour).
         tokens_per_step compares the global batch: 0 means one micro-batch per process, and the
         reference ran in one process."""
-        from configs import BASE
-
-        ours, theirs = _global_batch(cfg, world_size), _global_batch(self.data["config"], 1)
-        defaults = BASE.to_dict()
-        return [k for k in sorted(ours) if k not in MATCH_IGNORES and theirs.get(k, defaults.get(k)) != ours[k]]
+        ours, theirs = _global_batch(cfg, world_size), BASE.to_dict() | _global_batch(self.data["config"], 1)
+        return [k for k in sorted(ours) if k not in MATCH_IGNORES and theirs.get(k) != ours[k]]
 
     @property
     def label(self) -> str:
-        d = self.data
-        return f"{d['name']} reference ({d['dtype']} on {d['device']}, {d['date']})"
+        return "{name} reference ({dtype} on {device}, {date})".format(**self.data)
 
     def series(self, key: str) -> dict[str, list[float]]:
         """{"step", "mean", "min", "max"} lists for one metrics key."""

@@ -56,9 +56,8 @@ class RunLog:
             import wandb
         except ImportError:
             raise UserError("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
-        mode = None  # wandb's own choice: WANDB_MODE, its settings, else online
-        if "WANDB_MODE" not in os.environ and not _wandb_has_key(wandb):
-            mode = "offline"  # no account needed; same effect as WANDB_MODE=offline
+        # None: wandb's own choice (WANDB_MODE, its settings, else online); offline needs no account
+        mode = None if "WANDB_MODE" in os.environ or _wandb_has_key(wandb) else "offline"
         self.wandb = wandb.init(project=project, name=name, config=config, dir=str(self.out_dir),
                                 id=run_id, resume="allow", mode=mode)
         self.wandb.define_metric("val_loss", summary="min")  # the run's summary is its best val loss
@@ -147,11 +146,10 @@ class RunLog:
         """The reference's min-max bands under the run's curves (ax); in gap, the run's val loss,
         the band and the out-of-band thresholds, each minus the reference's val mean."""
         ref = self.reference
-        seeds = len(ref.data["seeds"])
         for key, color, what in (("loss", "tab:blue", "train"), ("val_loss", "tab:orange", "val")):
             s = ref.series(key)
             ax.fill_between(s["step"], s["min"], s["max"], color=color, alpha=0.18, lw=0,
-                            label=f"reference {what}: min-max of {seeds} seeds")
+                            label=f"reference {what}: min-max of {len(ref.data['seeds'])} seeds")
         val = {k: np.array(v) for k, v in ref.series("val_loss").items()}
         steps, mean = val["step"], val["mean"]
         ax.plot(steps, mean, "--", color="tab:orange", lw=0.8, alpha=0.7, label="reference val: mean")

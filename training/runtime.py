@@ -222,32 +222,28 @@ def attention_kernel(cfg: Any, rt: Runtime) -> str:
     shapes (it weighs capability, dtype, head size and dropout; on sm90 it may prefer cuDNN)."""
     if cfg.attention == "explicit" or rt.device_type == "mps":  # MPS has one SDPA kernel
         return "explicit attention" if cfg.attention == "explicit" else "SDPA"
-    from torch.nn.attention import SDPBackend
-
     q = torch.zeros(1, cfg.n_head, 8, cfg.n_embd // cfg.n_head, device=rt.device, dtype=rt.dtype, requires_grad=True)
     try:  # a private query: where a build lacks it, the line just omits the kernel
         choice = torch._fused_sdp_choice(q, q, q, is_causal=True, dropout_p=cfg.dropout)
     except (AttributeError, RuntimeError, NotImplementedError):
         return "SDPA"
-    return f"SDPA {SDPBackend(choice).name.lower().removesuffix('_attention')}"
+    return f"SDPA {torch.nn.attention.SDPBackend(choice).name.lower().removesuffix('_attention')}"
 
 
 def _join_process_group(device: str, timeout_s: float) -> None:
     """torchrun started this process: join the others (NCCL on CUDA, gloo on the CPU)."""
     if device == "mps":
         raise UserError("DDP does not support MPS; run a single process, or use --device cpu")
-    import torch.distributed as dist
-
-    if dist.is_initialized():
+    if torch.distributed.is_initialized():
         return
     # Imported before the group exists: its functions default to group=group.WORLD, which,
     # bound later, would keep the group alive so close() could never join gloo's threads.
     import torch.distributed.nn as _  # noqa: F401
 
-    # a collective that waits longer fails, so a hung or stopped process ends the job, not stalls it
-    timeout = datetime.timedelta(seconds=timeout_s)
     gpu = device.startswith("cuda")
-    dist.init_process_group("nccl" if gpu else "gloo", device_id=torch.device(device) if gpu else None, timeout=timeout)
+    # a collective that waits longer fails, so a hung or stopped process ends the job, not stalls it
+    torch.distributed.init_process_group("nccl" if gpu else "gloo", device_id=torch.device(device) if gpu else None,
+                                         timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: int | None = 1337,
@@ -306,22 +302,17 @@ def trainable(model: torch.nn.Module, rt: Runtime, example: tuple[torch.Tensor, 
                 print(f"note: torch.compile failed {when} ({type(e).__name__}: {first_line(e)}); continuing uncompiled")
         model.zero_grad(set_to_none=True)
         restore_rng_state(rng)
-    if not rt.ddp:
-        return module
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    return DDP(module, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+    ids = [rt.local_rank] if rt.device_type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids) if rt.ddp else module
 
 
 def capture_rng_state() -> dict[str, Any]:
     """Every RNG a training step can touch, as tensors/lists (weights_only-safe)."""
     version, mt, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": [version, list(mt), gauss],
-        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-        "torch": torch.get_rng_state(),
-    }
+    state: dict[str, Any] = {"python": [version, list(mt), gauss],
+                             "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+                             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -333,7 +324,6 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"].cpu())
-    cuda = state.get("cuda")
     # a checkpoint moved to a machine with a different GPU count keeps the other RNGs as seeded
-    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+    if (cuda := state.get("cuda")) and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all([t.cpu() for t in cuda])
