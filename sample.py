@@ -21,6 +21,11 @@ header each. A sample ends at end-of-text or right after its first --stop string
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C during the imports below (seconds for torch): one line, not a traceback
+    import signal
+    from configs.errors import interrupted
+    signal.signal(signal.SIGINT, interrupted)
+
 import argparse
 import codecs
 import os

@@ -267,8 +267,9 @@ def finish(run: Run, stopped: str, t_start: float, stop: StopSignal) -> dict[str
     if st.losses:
         print(f"final: train loss {st.losses['train_loss']:.4f}, val loss {st.losses['val_loss']:.4f} "
               f"(best val {st.best_val:.4f})")
-    print(f"checkpoint {result['checkpoint']} (latest, for --resume)\n"
-          f"best       {result['best']} (lowest val loss, what sample.py reads)\n"
+    best = f"best       {result['best']} (lowest val loss, what sample.py reads)\n" \
+        if (run_dir / BEST_NAME).is_file() else ""  # none when stopped before its first eval finished
+    print(f"checkpoint {result['checkpoint']} (latest, for --resume)\n{best}"
           f"metrics    {result['metrics']}\nloss curve {result['plot']}")
     if run.cfg.sample_tokens:
         sample = stop.cut_short(lambda: sample_text(run.model, run.manifest, run.cfg.sample_tokens, run.rt,

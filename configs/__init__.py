@@ -115,7 +115,7 @@ class TrainConfig:
                 raise UserError(f"{name} {e}") from None
         self.model_config(vocab_size=1)  # GPTConfig validates the model fields
         if self.min_lr > self.lr:
-            raise UserError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+            raise UserError(f"--min-lr ({self.min_lr}) must not exceed --lr ({self.lr}); lower --min-lr")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The network this config describes: the fields GPTConfig shares; vocab_size 0 takes the argument."""
@@ -217,6 +217,8 @@ def resolve_config(config: str) -> TrainConfig:
     if config in available_configs():
         return named_config(config)
     path = Path(config)
+    if path.is_file() and path.suffix not in (".toml", ".json"):  # an empty file would read as no fields
+        raise UserError(f"--config {path}: expected a .toml file, a run's config.json or its directory")
     if path.is_file() or (path / "config.json").is_file():
         return config_file(path)
     if path.is_dir():

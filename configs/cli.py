@@ -59,6 +59,8 @@ class Number:
             x = self.kind(x)
         except (TypeError, ValueError, OverflowError):
             raise argparse.ArgumentTypeError(f"expects {self.noun}, got {value!r}") from None
+        if self.kind is int and self.hi == math.inf and abs(x) >= 2**31:  # torch's sizes and counts are C ints
+            raise argparse.ArgumentTypeError(f"expects {self.noun} below 2**31, got {value!r}")
         if not self.holds(x):  # inf and nan too: no option means them (max_time 0 is none)
             expects = self.expects if abs(x) < math.inf else "a finite number"
             raise argparse.ArgumentTypeError(f"expects {expects}, got {value!r}")

@@ -242,7 +242,7 @@ def hold_dataset(ds_dir: str | os.PathLike, *, rebuild: bool = False) -> IO[str]
         except OSError as e:
             if rebuild:
                 why = ": a file, not a folder;" if path.parent.is_file() else f" ({e.strerror});"
-                raise UserError(f"cannot write {path.parent}{why} prepare into another --out-root") from None
+                raise UserError(f"cannot write {path.parent}{why} use a folder that can be written for the prepared data") from None
             return open(os.devnull)  # a folder no one can write: no prepare can change it either
         try:
             fcntl.flock(lock, (fcntl.LOCK_EX if rebuild else fcntl.LOCK_SH) | fcntl.LOCK_NB)

@@ -43,7 +43,7 @@ def test_overrides_accept_dashes_underscores_equals_and_bool_flags():
     (["--max-iters"], "--max-iters: expected one argument"),
     (["200"], "unexpected argument"),
     (["--n-head", "3"], "divisible by n_head"),
-    (["--min-lr", "1"], "must not exceed lr"),
+    (["--min-lr", "1"], "must not exceed --lr"),
 ])
 def test_bad_overrides_are_one_clear_line(argv, needle):
     with pytest.raises(UserError) as e:

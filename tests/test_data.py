@@ -530,7 +530,7 @@ def test_a_file_size_limit_is_one_line(tmp_path, limit):
 def test_an_out_root_that_is_a_file_or_read_only_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "t.txt").write_text("hello world\n" * 50)
     (tmp_path / "file").write_text("mine")
-    with pytest.raises(UserError, match=f"cannot write {tmp_path / 'file'}: a file, not a folder; .* another --out-root"):
+    with pytest.raises(UserError, match=f"cannot write {tmp_path / 'file'}: a file, not a folder; use a folder that can be written"):
         prep.prepare(text=tmp_path / "t.txt", out_root=tmp_path / "file", verbose=False)
     assert (tmp_path / "file").read_text() == "mine"
     real_mkdir, ro = Path.mkdir, tmp_path / "ro"
@@ -541,7 +541,7 @@ def test_an_out_root_that_is_a_file_or_read_only_is_one_line(tmp_path, monkeypat
         return real_mkdir(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "mkdir", mkdir)
-    with pytest.raises(UserError, match=r"cannot write .*ro.* \(Permission denied\); prepare into another --out-root"):
+    with pytest.raises(UserError, match=r"cannot write .*ro.* \(Permission denied\); use a folder that can be written"):
         prep.prepare(text=tmp_path / "t.txt", out_root=ro / "prepared", verbose=False)
 
 

@@ -280,6 +280,7 @@ def test_eval_only_on_data_of_another_tokenizer_is_refused(tmp_path, data_root, 
     assert train.main(args(tmp_path / "run", data_root)) == 0
     line = fails(capsys, train.main, args(tmp_path / "run", root, "--dataset", "tilde", "--eval-only"))
     assert "was trained with another vocabulary than dataset tilde's" in line
+    assert line.endswith("use data of its tokenizer (--dataset shakespeare_char)")
 
 
 @pytest.mark.parametrize("seed", ["-1", str(2**32), str(2**64)])
@@ -390,3 +391,37 @@ def test_deterministic_on_an_op_without_a_deterministic_kernel_is_one_line(tmp_p
     monkeypatch.setattr(train, "forward_backward", cuda_only)
     line = fails(capsys, train.main, args(tmp_path, data_root, "--deterministic"))
     assert "--deterministic: adaptive_avg_pool2d_backward_cuda has no deterministic kernel on cpu; drop" in line
+
+
+@pytest.mark.parametrize("option", ["--n-embd", "--block-size", "--threads", "--tokens-per-step"])
+def test_integers_torch_cannot_hold_are_one_line(tmp_path, data_root, capsys, option):
+    assert f"{option}: expects an integer below 2**31, got '1e30'" in fails(capsys, train.main, args(
+        tmp_path, data_root, option, "1e30"))
+
+
+def test_more_bad_input_found_by_trying_it(tmp_path, data_root, capsys):
+    from model.__main__ import main as model_main
+
+    assert "--batch-size: expects an integer >= 1, got '0'" in fails(capsys, model_main, ["--batch-size", "0"])
+    assert "--threads: expects an integer below 2**31" in fails(capsys, sample.main, ["--threads", str(2**70)])
+    (tmp_path / "afile").write_text("")  # not a .toml: read as no fields, it trained small's defaults
+    assert "expected a .toml file, a run's config.json" in fails(capsys, train.main, ["--config", str(tmp_path / "afile")])
+    line = fails(capsys, train.main, args(tmp_path / "none", data_root, "--resume"))
+    assert f"--resume: no checkpoint at {tmp_path / 'none' / 'ckpt.pt'}; drop --resume to start this run" in line
+    assert train.main(args(tmp_path / "run", data_root, "--block-size", "16")) == 0
+    line = fails(capsys, train.main, args(tmp_path / "ev", data_root, "--eval-only", "--init-from", str(tmp_path / "run")))
+    assert "block_size 32 exceeds the context of" in line and "pass --block-size 16 or less" in line
+    assert fails(capsys, train.main, args(tmp_path, data_root, "--lr", "0")).endswith(
+        "--min-lr (0.0001) must not exceed --lr (0.0); lower --min-lr")
+
+
+def test_a_run_stopped_in_its_first_eval_names_no_best_pt(tmp_path, data_root, monkeypatch, capsys):
+    evaluate = train.evaluate
+
+    def preempted(*a):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(*a)
+
+    monkeypatch.setattr(train, "evaluate", preempted)
+    assert train.main(args(tmp_path, data_root)) == 143
+    assert not (tmp_path / "best.pt").exists() and "best.pt" not in capsys.readouterr().out

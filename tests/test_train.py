@@ -568,11 +568,12 @@ def ctrl_c(cmd, when, cwd=ROOT):
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="watches /proc/PID/maps for torch's library")
-def test_ctrl_c_while_train_py_imports_torch_is_one_line(tmp_path):
+@pytest.mark.parametrize("script", ["train.py", "sample.py"])
+def test_ctrl_c_while_a_script_imports_torch_is_one_line(tmp_path, script):
     def importing_torch(pid):
         return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
-    code, err = ctrl_c([sys.executable, "train.py", "--config", "tiny", "--out-dir", str(tmp_path)], importing_torch)
+    code, err = ctrl_c([sys.executable, script, "--config", "tiny", "--out-dir", str(tmp_path)], importing_torch)
     assert (code, err.strip()) == (130, "interrupted; nothing was changed")
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
 

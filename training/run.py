@@ -54,14 +54,16 @@ def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -
         source, model = "", GPT(cfg.model_config(vocab_size))
     if src is not None and src.get("manifest") and (changes := differences(src["manifest"], manifest, VOCABULARY)):
         raise UserError(f"{source} was trained with another vocabulary than dataset {cfg.dataset}'s "
-                        f"({', '.join(changes)}): its token ids would mean other text; use data of its tokenizer")
+                        f"({', '.join(changes)}): its token ids would mean other text; use data of its tokenizer"
+                        + (f" (--dataset {src['manifest']['name']})" if src["manifest"].get("name") else ""))
     mc = model.config
     if mc.vocab_size < vocab_size:  # a fresh model's comes from --vocab-size: say how to fix that
         what, fix = (f"the vocabulary of {source} ({mc.vocab_size})", "use a dataset with the model's tokenizer") \
             if source else (f"--vocab-size {mc.vocab_size}", f"use --vocab-size 0 (the tokenizer's) or >= {vocab_size}")
         raise UserError(f"{what} is smaller than the vocabulary of dataset {cfg.dataset} ({vocab_size}); {fix}")
     if cfg.block_size > mc.block_size:
-        raise UserError(f"--block-size {cfg.block_size} exceeds the model's context ({mc.block_size})")
+        raise UserError(f"block_size {cfg.block_size} exceeds the context of {source} ({mc.block_size}); "
+                        f"pass --block-size {mc.block_size} or less")
     built = replace(cfg, **{k: getattr(mc, k) for k in ARCH_FIELDS})
     changed = [f"{k}={getattr(built, k)}" for k in ARCH_FIELDS if getattr(cfg, k) != getattr(built, k)
                and not (k == "vocab_size" and cfg.vocab_size == 0)]
@@ -232,6 +234,8 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     held = hold_dataset(ds_dir)  # a prepare of it now would change what later evals read: refuse it
     manifest = read_dataset_manifest(ds_dir)
     tokenizer_from_manifest(manifest)  # fails now, not at the end-of-run sample, if it cannot be built
+    if cfg.resume and not is_checkpoint(run_dir) and not (run_dir / BEST_NAME).is_file():
+        raise UserError(f"--resume: no checkpoint at {run_dir / CKPT_NAME}; drop --resume to start this run")
     ckpt = load_checkpoint(run_dir / CKPT_NAME) if cfg.resume else None
     if ckpt is not None:
         check_resumable(cfg, ckpt, run_dir, manifest)
