@@ -44,8 +44,9 @@ class GPTConfig:
             if type(value) not in (int, rule.kind) or not rule.holds(value):  # no bool, no 2.0 for an int
                 raise UserError(f"model config: {name} expects {rule.expects}, got {value!r}")
         if self.n_embd % self.n_head:
-            raise UserError(f"model config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
-                            f"try n_head in {[h for h in range(1, 17) if self.n_embd % h == 0]}")
+            divisors = [h for h in range(1, 17) if self.n_embd % h == 0]
+            raise UserError(f"model config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); pass "
+                            f"--n-head as one of {divisors} or another --n-embd")
         if self.pos_emb == "rope" and self.head_size % 2:
             raise UserError(f"model config: rope needs an even head size, got {self.head_size}")
         for name, allowed in CHOICES.items():

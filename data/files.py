@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -58,8 +59,10 @@ def write_errors(path: Path) -> Iterator[None]:
             cause = cause.__cause__ or cause.__context__
         if cause is None:
             raise  # not a failed write: a bug, keep the traceback
-        raise UserError(f"could not write {path} ({cause.strerror or cause}); its previous version, if any, is "
-                        "kept; free disk space (or raise the file-size limit) or pick another output folder") from None
+        full = cause.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # else: read-only, no permission, ...
+        raise UserError(f"could not write {path} ({cause.strerror or cause}); its previous version, if any, is kept; "
+                        + ("free disk space (or raise the file-size limit) or " if full else "")
+                        + "pick another output folder") from None
 
 
 def write_json(path: str | Path, obj: Any, ensure_ascii: bool = True) -> None:

@@ -171,7 +171,8 @@ def files_source(paths: Iterable[str | os.PathLike], text_column: str = "text") 
     files = [Path(p) for p in paths]
     for p in files:
         if not p.is_file():
-            raise UserError(f"no such file: {p}; check the path given to --files")
+            raise UserError(f"{p} is a folder; give --text a folder, --files its files" if p.is_dir()
+                            else f"no such file: {p}; check the path given to --files")
     kinds = {FORMATS.get(split_name(p)[1]) for p in files}  # the datasets builder that reads each
     if None in kinds:
         bad = next(p for p in files if split_name(p)[1] not in FORMATS)

@@ -425,3 +425,30 @@ def test_a_run_stopped_in_its_first_eval_names_no_best_pt(tmp_path, data_root, m
     monkeypatch.setattr(train, "evaluate", preempted)
     assert train.main(args(tmp_path, data_root)) == 143
     assert not (tmp_path / "best.pt").exists() and "best.pt" not in capsys.readouterr().out
+
+
+def test_messages_that_named_the_wrong_cause(tmp_path, data_root, monkeypatch, capsys):
+    from data.files import atomic_write
+
+    (tmp_path / "folder").mkdir()
+    line = fails(capsys, prepare_main, ["--files", str(tmp_path / "folder"), "--out-root", str(tmp_path)])
+    assert f"{tmp_path / 'folder'} is a folder; give --text a folder, --files its files" in line
+    assert "pass --n-head as one of [1, 2, 4, 8, 16] or another --n-embd" in fails(
+        capsys, train.main, args(tmp_path, data_root, "--n-head", "3"))
+
+    def read_only(*a, **kw):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr("builtins.open", read_only)
+    with pytest.raises(UserError) as e:
+        atomic_write(tmp_path / "x.json", lambda f: None)
+    assert str(e.value).endswith("(Read-only file system); its previous version, if any, is kept; pick another "
+                                 "output folder")
+
+
+def test_show_attention_names_the_file_it_wrote(tmp_path, data_root, capsys):
+    pytest.importorskip("matplotlib")
+    assert train.main(args(tmp_path / "run", data_root)) == 0
+    argv = ["--ckpt", str(tmp_path / "run"), "--prompt", "ROMEO", "--max-new-tokens", "0"]
+    assert sample.main([*argv, "--show-attention", str(tmp_path / "attn")]) == 0
+    assert f"note: wrote {tmp_path / 'attn.png'}" in capsys.readouterr().err and (tmp_path / "attn.png").is_file()
