@@ -239,6 +239,8 @@ def check_args(args: argparse.Namespace) -> None:
         "--batch-size must be at least 1": args.batch_size < 1,
         "--threads must be >= 0": args.threads < 0,
         "--stop must not be empty": "" in args.stop,
+        "an empty --config, --init-from, --prompt-file or --show-attention names nothing": "" in (
+            args.config, args.init_from, args.prompt_file, args.show_attention),
     }
     if failed := [message for message, is_bad in bad.items() if is_bad]:
         raise UserError(failed[0])

@@ -116,6 +116,8 @@ class TrainConfig:
         self.model_config(vocab_size=1)  # GPTConfig validates the model fields
         if self.min_lr > self.lr:
             raise UserError(f"--min-lr ({self.min_lr}) must not exceed --lr ({self.lr}); lower --min-lr")
+        if not self.data_root or not self.dataset:  # "" would prepare into the working directory
+            raise UserError("--data-root and --dataset must not be empty")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The network this config describes: the fields GPTConfig shares; vocab_size 0 takes the argument."""

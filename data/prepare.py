@@ -63,6 +63,10 @@ def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: st
     given = [flag for flag, v in (("--text", text), ("--files", files), ("--hf", hf)) if v]
     if len(given) > 1:
         raise UserError(f"give one source, not {' and '.join(given)}")
+    hub = [f for f, v in (("--subset", subset), ("--split", split != "train"), ("--revision", revision),
+                          ("--streaming", streaming)) if v]
+    if hub and not hf:  # else silently ignored
+        raise UserError(f"{', '.join(hub)}: for --hf datasets only; drop {'them' if len(hub) > 1 else 'it'}")
     if not given:
         if name is None:
             raise UserError(f"name a preset ({', '.join(PRESETS)}) or give --text, --files or --hf")

@@ -452,3 +452,13 @@ def test_show_attention_names_the_file_it_wrote(tmp_path, data_root, capsys):
     argv = ["--ckpt", str(tmp_path / "run"), "--prompt", "ROMEO", "--max-new-tokens", "0"]
     assert sample.main([*argv, "--show-attention", str(tmp_path / "attn")]) == 0
     assert f"note: wrote {tmp_path / 'attn.png'}" in capsys.readouterr().err and (tmp_path / "attn.png").is_file()
+
+
+def test_empty_values_and_hub_only_options_are_refused_not_ignored(tmp_path, data_root, capsys):
+    for option in ("--config", "--init-from", "--prompt-file", "--show-attention"):
+        assert "names nothing" in fails(capsys, sample.main, [option, "", "--max-new-tokens", "1"])
+    assert "--data-root and --dataset must not be empty" in fails(capsys, train.main, args(tmp_path, "", "--plan"))
+    (tmp_path / "a.txt").write_text(SHAKESPEARE[:3000])
+    line = fails(capsys, prepare_main, ["--text", str(tmp_path / "a.txt"), "--subset", "x", "--split", "test",
+                                        "--out-root", str(tmp_path)])
+    assert line == "error: --subset, --split: for --hf datasets only; drop them"
