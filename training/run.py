@@ -312,7 +312,8 @@ def save(run: Run) -> None:
     """Write ckpt.pt, never from weights that blew up (a stop can land right after such an update, which
     leaves them finite but huge): they would replace the last good checkpoint."""
     st = run.state
-    loss = probe_loss(run)
+    # this step's eval found its loss finite (record_eval saves after it); a save before one must look
+    loss = st.losses["val_loss"] if st.evaluated_at == st.step and st.losses else probe_loss(run)
     if not (math.isfinite(loss) and torch.stack([p.isfinite().all() for p in run.model.parameters()]).all()):
         raise diverged(run, f"the weights diverged at step {st.step} (loss {loss} on a val batch)")
     save_checkpoint(run.run_dir, {
