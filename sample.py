@@ -21,10 +21,9 @@ header each. A sample ends at end-of-text or right after its first --stop string
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # Ctrl-C during the imports below (seconds for torch): one line, not a traceback
-    import signal
-    from configs.errors import interrupted
-    signal.signal(signal.SIGINT, interrupted)
+from configs.errors import quiet_ctrl_c
+
+quiet_ctrl_c(__name__)  # first: Ctrl-C during the imports below (torch: seconds) is one line
 
 import argparse
 import codecs
@@ -200,20 +199,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="a GPT-2 hub id (gpt2, gpt2-medium, user/repo), a Hugging Face GPT-2 dir or a run dir")
     p.add_argument("--prompt", action="append", metavar="TEXT", help="prompt text (repeatable); - reads stdin")
     p.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line")
-    p.add_argument("--num-samples", type=integer, default=1, help="samples per prompt")
-    p.add_argument("--max-new-tokens", type=integer, default=500, help="tokens to generate per sample")
-    p.add_argument("--temperature", type=number, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=integer, help="keep only the k most likely tokens (default: all)")
-    p.add_argument("--top-p", type=number, help="keep the smallest set of tokens with this much probability "
-                                                "(default: all)")
+    p.add_argument("--num-samples", type=integer.within(">= 1"), default=1, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=integer.within(">= 0"), default=500, help="tokens to generate per sample")
+    p.add_argument("--temperature", type=number.within(">= 0"), default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=integer.within(">= 1"), help="keep only the k most likely tokens (default: all)")
+    p.add_argument("--top-p", type=number.within("(0, 1]"),
+                   help="keep the smallest set of tokens with this much probability (default: all)")
     p.add_argument("--seed", type=seed, help="same seed, same text (default: random)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="end a sample after this text (repeatable)")
-    p.add_argument("--batch-size", type=integer, default=32, help="most rows decoded at once")
+    p.add_argument("--batch-size", type=integer.within(">= 1"), default=32, help="most rows decoded at once")
     p.add_argument("--device", default="auto", **argument(Device), help="auto: cuda > mps > cpu")
     p.add_argument("--dtype", default="auto", **argument(Dtype), help="auto: bfloat16 (or float16) on GPUs, "
                                                                     "float32 on CPU and MPS")
-    p.add_argument("--threads", type=integer, default=0,
+    p.add_argument("--threads", type=integer.within(">= 0"), default=0,
                    help="CPU threads; 0 = 1 for small models (n_embd <= 256), else torch's default")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the decode step (4 tokens a call): 3-5x tokens/s for small models, after a one-off compile")
@@ -230,14 +229,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    bad = {
-        "--num-samples must be at least 1": args.num_samples < 1,
-        "--max-new-tokens must be >= 0": args.max_new_tokens < 0,
-        "--temperature must be >= 0 (0 = greedy)": not args.temperature >= 0,
-        "--top-k must be at least 1": args.top_k is not None and args.top_k < 1,
-        "--top-p must be in (0, 1]": args.top_p is not None and not 0 < args.top_p <= 1,
-        "--batch-size must be at least 1": args.batch_size < 1,
-        "--threads must be >= 0": args.threads < 0,
+    bad = {  # the numbers' ranges are their parser's
         "--stop must not be empty": "" in args.stop,
         "an empty --config, --init-from, --prompt-file or --show-attention names nothing": "" in (
             args.config, args.init_from, args.prompt_file, args.show_attention),

@@ -20,10 +20,9 @@ options do.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # Ctrl-C during the imports below (seconds for torch): one line, not a traceback
-    import signal
-    from configs.errors import interrupted
-    signal.signal(signal.SIGINT, interrupted)
+from configs.errors import quiet_ctrl_c
+
+quiet_ctrl_c(__name__)  # first: Ctrl-C during the imports below (torch: seconds) is one line
 
 import contextlib
 import math

@@ -19,7 +19,7 @@ import pkgutil
 import sys
 import textwrap
 from argparse import ArgumentTypeError, Namespace
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
@@ -160,6 +160,26 @@ def micro_batch(value: Any) -> int:
     return 0 if auto else Number(int, ">= 1", "a whole number >= 1 or auto")(value)
 
 
+# Fields that act only beside another field's values; typed without them they would do nothing, so are refused.
+ONLY_WITH = dict.fromkeys(("muon_lr", "muon_momentum"), ("optimizer", ("muon",))) | {"decay_frac": ("lr_schedule", ("wsd",))} \
+    | dict.fromkeys(("min_lr", "lr_decay_iters"), ("lr_schedule", ("cosine", "wsd"))) \
+    | dict.fromkeys(("wandb_project", "wandb_run_name"), ("wandb", (True,)))
+
+
+def check_typed(cfg: TrainConfig, typed: Iterable[str]) -> None:
+    """Refuse a typed flag that cfg's other values leave without effect (ONLY_WITH), naming what would give it one."""
+    for name in typed:
+        other, acting = ONLY_WITH.get(name, ("", ()))
+        if other and getattr(cfg, other) not in acting:
+            flag, needed = _flag(name), _flag(other) + ("" if acting == (True,) else f" {'/'.join(acting)}")
+            now = "" if acting == (True,) else f" (this run: {_flag(other)} {getattr(cfg, other)})"
+            raise UserError(f"{flag} does nothing without {needed}{now}; add {needed} or drop {flag}")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 _CHECKS = {f.name: {"batch_size": micro_batch, "seed": seed}.get(f.name) or converter(
     _TYPES[f.name], f.metadata["bounds"] or BOUNDS.get(f.name, ">= 0")) for f in fields(TrainConfig)}
 BASE = TrainConfig()
@@ -262,6 +282,7 @@ def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> t
     cfg = cfg if cfg.out_dir else replace(cfg, out_dir=f"out/{cfg.name}")
     if cfg.resume and (saved := cfg.run_dir / "config.json").is_file():  # the run's settings, unless typed again
         cfg = replace(config_file(saved), **typed | {"resume": True, "out_dir": cfg.out_dir})
+    check_typed(cfg, typed)
     return cfg, Namespace(**args)
 
 

@@ -7,6 +7,8 @@ anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import functools
+import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -31,6 +33,8 @@ def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs) -> int:
+        if signal.getsignal(signal.SIGINT) is interrupted:  # imports done: main() and this handle Ctrl-C
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             return main(*args, **kwargs) or 0
         except UserError as e:
@@ -47,8 +51,15 @@ def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
     return wrapper
 
 
+def quiet_ctrl_c(module: str) -> None:
+    """A script's first statement, given its __name__: run as a script, Ctrl-C during its imports
+    (seconds for torch's), where KeyboardInterrupt would be a traceback, is one line and the shell's 130."""
+    if module == "__main__":
+        signal.signal(signal.SIGINT, interrupted)
+
+
 def interrupted(*_: Any) -> NoReturn:
-    """A SIGINT handler for a script's imports (torch's take seconds), where KeyboardInterrupt would be
-    a traceback: one line and the shell's 130."""
-    print(INTERRUPTED, file=sys.stderr)
-    raise SystemExit(130)
+    """Exits at once: an exception raised inside an import can come out as another (numpy turns it
+    into an ImportError), and an import has nothing to clean up."""
+    print(INTERRUPTED, file=sys.stderr, flush=True)
+    os._exit(130)

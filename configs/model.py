@@ -11,7 +11,10 @@ from .errors import UserError
 CHOICES = {"pos_emb": ("learned", "rope"), "norm": ("layernorm", "rmsnorm"),
            "activation": ("gelu", "gelu_exact", "relu2"), "attention": ("sdpa", "explicit")}
 
-BOUNDS = dict.fromkeys("vocab_size block_size n_layer n_head n_embd mlp_ratio".split(), ">= 1") | {"dropout": "[0, 1)"}
+# n_layer's cap: each block is Python objects, a few ms to build even on the meta device (the plan's), so
+# 2e9 would hang rather than fail; DeepNet's 1,000 layers are the deepest transformer published.
+BOUNDS = dict.fromkeys("vocab_size block_size n_head n_embd mlp_ratio".split(), ">= 1") | {"dropout": "[0, 1)",
+                                                                                         "n_layer": "[1, 1000]"}
 
 
 @dataclass

@@ -1,21 +1,21 @@
 """Data: tokenizers, token files, batch loaders and `python -m data.prepare`.
 
-The loader needs torch, slow to import, so it is loaded on first use: `python -m data.prepare` and
-the tokenizers start fast. ``data.prepare`` is not imported here, so `python -m` runs it only once.
+The names load on first use, not here: `python -m data.prepare` runs this first, and only then its
+own code, which makes Ctrl-C during numpy's import one line; the loader needs torch, slow to import.
+``data.prepare`` is not imported here, so `python -m` runs it only once.
 """
 
+import importlib
 from typing import Any
 
-from .tokenfile import read_header, read_tokens, write_tokens
-from .tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer, get_tokenizer, tokenizer_from_manifest
-
-__all__ = ["BatchLoader", "CharTokenizer", "GPT2Tokenizer", "GlobalBatchLoader", "Tokenizer", "eval_batches",
-           "get_tokenizer", "read_header", "read_tokens", "tokenizer_from_manifest", "write_tokens"]
+_HOMES = dict.fromkeys(["BatchLoader", "GlobalBatchLoader", "eval_batches"], "data.loader") \
+    | dict.fromkeys(["read_header", "read_tokens", "write_tokens"], "data.tokenfile") \
+    | dict.fromkeys(["CharTokenizer", "GPT2Tokenizer", "Tokenizer", "get_tokenizer", "tokenizer_from_manifest"],
+                    "data.tokenizer")
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("BatchLoader", "GlobalBatchLoader", "eval_batches"):
-        from . import loader
-
-        return getattr(loader, name)
-    raise AttributeError(f"module 'data' has no attribute {name!r}")
+    if name not in _HOMES:
+        raise AttributeError(f"module 'data' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

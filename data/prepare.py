@@ -19,6 +19,10 @@ streaming from the hub). A re-run whose manifest (data/manifest.py) matches reus
 
 from __future__ import annotations
 
+from configs.errors import quiet_ctrl_c
+
+quiet_ctrl_c(__name__)  # first: Ctrl-C during the imports below (numpy, tiktoken) is one line
+
 import contextlib
 import hashlib
 import itertools
@@ -67,6 +71,9 @@ def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: st
                           ("--streaming", streaming)) if v]
     if hub and not hf:  # else silently ignored
         raise UserError(f"{', '.join(hub)}: for --hf datasets only; drop {'them' if len(hub) > 1 else 'it'}")
+    if text_column != "text" and not (hf or files):
+        raise UserError("--text-column: for --hf datasets and --files with columns (parquet, jsonl, json, csv); "
+                        "drop it")
     if not given:
         if name is None:
             raise UserError(f"name a preset ({', '.join(PRESETS)}) or give --text, --files or --hf")

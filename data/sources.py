@@ -181,6 +181,8 @@ def files_source(paths: Iterable[str | os.PathLike], text_column: str = "text") 
     if len(kinds) > 1:
         raise UserError("--files mixes formats (" + ", ".join(sorted(kinds)) + "); give one format per run")
     builder = kinds.pop()
+    if builder == "text" and text_column != "text":
+        raise UserError("--text-column: .txt files have no columns (each file is one document); drop it")
     where = str(files[0]) if len(files) == 1 else f"{len(files)} {builder} files"
 
     def documents() -> Iterator[str]:

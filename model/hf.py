@@ -8,6 +8,10 @@ HF stores its linear layers as Conv1D, (in, out), where nn.Linear keeps (out, in
 
 from __future__ import annotations
 
+from configs.errors import quiet_ctrl_c
+
+quiet_ctrl_c(__name__)  # first: Ctrl-C during the imports below (torch: seconds) is one line
+
 import glob
 import json
 import os

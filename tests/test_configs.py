@@ -128,8 +128,9 @@ TYPES = get_type_hints(TrainConfig)
 NUMERIC = [f.name for f in fields(TrainConfig) if TYPES[f.name] in (int, float)]
 # Beyond nan, inf, -inf and negatives, which no numeric option takes: each option's other refusals
 REFUSES = {"beta1": ["1", "1e9"], "beta2": ["1.5"], "muon_momentum": ["7", "1"], "dropout": ["1"],
-           "decay_frac": ["0", "1.5"], "seed": [str(2**64)], "ddp_timeout": ["0"], "batch_size": ["0"]} | dict.fromkeys(
-    ("max_iters", "eval_interval", "log_interval", "n_layer", "n_head", "n_embd", "block_size"), ["0"])
+           "decay_frac": ["0", "1.5"], "seed": [str(2**64)], "ddp_timeout": ["0"], "batch_size": ["0"],
+           "n_layer": ["0", "1001", "2000000000"]} | dict.fromkeys(  # 2e9 blocks took minutes to build, not 1 line
+    ("max_iters", "eval_interval", "log_interval", "n_head", "n_embd", "block_size"), ["0"])
 CASES = [(name, value) for name in NUMERIC for value in ("nan", "inf", "-inf", "-1", "-1e-3", *REFUSES.get(name, ()))]
 
 
@@ -142,6 +143,21 @@ def test_every_numeric_option_refuses_nan_inf_and_out_of_range_when_parsed(monke
     assert out == "" and err.count("\n") == 1 and err.startswith(f"error: {option}: expects "), err
 
 
+@pytest.mark.parametrize("argv, needed", [(["--muon-lr", "0.1"], "--optimizer muon (this run: --optimizer adamw)"),
+                                          (["--muon-momentum", "0.9"], "--optimizer muon (this run: --optimizer adamw)"),
+                                          (["--decay-frac", "0.5"], "--lr-schedule wsd (this run: --lr-schedule cosine)"),
+                                          (["--lr-schedule", "constant", "--lr-decay-iters", "5"],
+                                           "--lr-schedule cosine/wsd (this run: --lr-schedule constant)"),
+                                          (["--wandb-run-name", "x"], "--wandb")])
+def test_a_flag_that_would_do_nothing_is_refused_naming_what_it_needs(argv, needed):
+    flag = argv[-2]
+    with pytest.raises(UserError) as e:
+        load_config("tiny", argv)  # adamw, cosine, no wandb: each was silently ignored
+    assert str(e.value) == f"{flag} does nothing without {needed}; add {needed.split(' (')[0]} or drop {flag}"
+    cfg = load_config("tiny", argv + ["--optimizer", "muon", "--lr-schedule", "wsd", "--wandb"])
+    assert getattr(cfg, flag[2:].replace("-", "_")) == type(getattr(cfg, flag[2:].replace("-", "_")))(argv[-1])
+
+
 def test_bounds_are_stated_in_the_message_and_hold_for_files_and_code(tmp_path):
     for argv, message in [(["--lr", "-1e-3"], "--lr: expects a number >= 0, got '-1e-3'"),
                           (["--batch-size", "0"], "--batch-size: expects a whole number >= 1 or auto, got '0'"),
@@ -150,8 +166,10 @@ def test_bounds_are_stated_in_the_message_and_hold_for_files_and_code(tmp_path):
         with pytest.raises(UserError) as e:
             load_config("tiny", argv)
         assert str(e.value) == message
-    edges = ["--lr", "0", "--min-lr", "0", "--beta1", "0", "--decay-frac", "1", "--max-time", "0", "--batch-size", "auto"]
-    cfg = load_config("tiny", edges + ["--muon-momentum", "0.999", "--ddp-timeout", "1e-3", "--warmup-iters", "0"])
+    edges = ["--lr", "0", "--min-lr", "0", "--beta1", "0", "--decay-frac", "1", "--max-time", "0", "--batch-size", "auto",
+             "--optimizer", "muon", "--lr-schedule", "wsd"]  # what --decay-frac and --muon-momentum act with
+    cfg = load_config("tiny", edges + ["--muon-momentum", "0.999", "--ddp-timeout", "1e-3", "--warmup-iters", "0",
+                                  "--n-layer", "1000"])
     assert (cfg.lr, cfg.beta1, cfg.decay_frac, cfg.batch_size, cfg.muon_momentum) == (0, 0, 1, 0, 0.999)
     path = tmp_path / "mine.toml"
     path.write_text('base = "tiny"\nbatch_size = 0\n')  # auto, as a run's config.json stores it

@@ -462,3 +462,7 @@ def test_empty_values_and_hub_only_options_are_refused_not_ignored(tmp_path, dat
     line = fails(capsys, prepare_main, ["--text", str(tmp_path / "a.txt"), "--subset", "x", "--split", "test",
                                         "--out-root", str(tmp_path)])
     assert line == "error: --subset, --split: for --hf datasets only; drop them"
+    for source in (["--text", str(tmp_path / "a.txt")], ["--files", str(tmp_path / "a.txt")]):  # each was ignored
+        line = fails(capsys, prepare_main, [*source, "--text-column", "body", "--out-root", str(tmp_path)])
+        assert line.startswith("error: --text-column: ") and line.endswith("; drop it")
+    assert not list(tmp_path.glob("a*/"))

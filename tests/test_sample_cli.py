@@ -145,13 +145,10 @@ def test_a_prompt_of_exactly_block_size_tokens_is_seen_whole(capsys):
     ("--top-k", "0", "1"), ("--top-p", "0", "1"), ("--batch-size", "0", "1"), ("--threads", "-1", "0")])
 def test_cli_refuses_a_value_past_each_limit_and_takes_the_limit(tmp_path, capsys, flag, bad, edge):
     run = make_run(tmp_path)
-    messages = {"--num-samples": "--num-samples must be at least 1", "--max-new-tokens": "--max-new-tokens must be >= 0",
-                "--temperature": "--temperature must be >= 0 (0 = greedy)", "--top-k": "--top-k must be at least 1",
-                "--top-p": "--top-p must be in (0, 1]", "--batch-size": "--batch-size must be at least 1",
-                "--threads": "--threads must be >= 0"}
     argv = ["--ckpt", str(run), "--prompt", "A", "--max-new-tokens", "2", "--seed", "0"]
     assert sample.main([*argv, flag, bad]) == 2
-    assert capsys.readouterr().err == f"error: {messages[flag]}\n"
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag}: expects ") and err.endswith(f", got '{bad}'\n") and err.count("\n") == 1
     assert sample.main([*argv, flag, edge]) == 0
     assert capsys.readouterr().out.startswith("A")
 

@@ -567,13 +567,16 @@ def ctrl_c(cmd, when, cwd=ROOT):
         proc.kill()
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="watches /proc/PID/maps for torch's library")
-@pytest.mark.parametrize("script", ["train.py", "sample.py"])
-def test_ctrl_c_while_a_script_imports_torch_is_one_line(tmp_path, script):
-    def importing_torch(pid):
-        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="watches /proc/PID/maps for a library")
+@pytest.mark.parametrize("command, library", [
+    ("train.py --config tiny --out-dir OUT", "libtorch"), ("sample.py --config tiny --out-dir OUT", "libtorch"),
+    ("-m model --config tiny", "libtorch"), ("-m model.hf export OUT OUT/hf", "libtorch"),
+    ("-m data.prepare shakespeare_char --out-root OUT", "_multiarray_umath")])  # numpy's
+def test_ctrl_c_while_a_script_imports_is_one_line(tmp_path, command, library):
+    def importing(pid):
+        return library in Path(f"/proc/{pid}/maps").read_text()
 
-    code, err = ctrl_c([sys.executable, script, "--config", "tiny", "--out-dir", str(tmp_path)], importing_torch)
+    code, err = ctrl_c([sys.executable, *command.replace("OUT", str(tmp_path)).split()], importing)
     assert (code, err.strip()) == (130, "interrupted; nothing was changed")
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
 
