@@ -193,7 +193,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if op := re.match(r"(\S+) does not have a deterministic implementation", str(e)):  # a GPU kernel
             raise UserError(f"--deterministic: {op[1]} has no deterministic kernel on {rt.device}; drop "
                             "--deterministic (runs then repeat only approximately)") from None
-        if (oom := out_of_memory(e, rt.device)) is None:
+        if (oom := out_of_memory(e, rt.device, cfg.run_dir / CKPT_NAME)) is None:
             raise
         raise oom from None
     finally:
@@ -289,14 +289,16 @@ def main(argv: list[str] | None = None) -> int:
     # Script-level flags that are not TrainConfig fields: one add_argument each, read from args.
     planning = parser.add_argument_group("plan (nothing is trained)")
     planning.add_argument("--plan", action=Flag, help="print parameters, FLOPs, memory per GPU and time")
-    planning.add_argument("--gpu", default="h100", help="the GPU to plan for (a100-40gb, 4090, ...)")
-    planning.add_argument("--nproc", type=integer.within(">= 1"), default=1, help="GPUs (DDP processes)")
-    planning.add_argument("--mfu", type=number.within("(0, 1]"), default=DEFAULT_MFU,
-                          help="the model FLOPs utilisation assumed")
+    planning.add_argument("--gpu", help="the GPU to plan for (default h100; a100-40gb, 4090, ...)")
+    planning.add_argument("--nproc", type=integer.within(">= 1"), help="GPUs (DDP processes; default 1)")
+    planning.add_argument("--mfu", type=number.within("(0, 1]"),
+                          help=f"the model FLOPs utilisation assumed (default {DEFAULT_MFU})")
     cfg, args = parse_config(parser, argv)
     if args.plan:
-        print(plan_report(cfg, vocab_size(cfg), args.gpu, args.nproc, args.mfu))
+        print(plan_report(cfg, vocab_size(cfg), args.gpu or "h100", args.nproc or 1, args.mfu or DEFAULT_MFU))
         return 0
+    if given := [f"--{k}" for k in ("gpu", "nproc", "mfu") if getattr(args, k) is not None]:  # else ignored
+        raise UserError(f"{', '.join(given)}: for --plan only; add --plan or drop {'them' if given[1:] else 'it'}")
     return exit_code(train(cfg)["stopped"])
 
 

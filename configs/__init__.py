@@ -96,8 +96,8 @@ class TrainConfig:
                                  "CPU runs already repeat exactly")
     threads: int = _field(0, "CPU threads for torch; 0 = torch's default (all cores)")
     seed: int = _field(1337, "seed of every random stream (each DDP rank adds its rank)")
-    ddp_timeout: float = _field(600.0, "seconds a process waits for the others; then a hung or stopped one "
-                                "ends the job", bounds="> 0")
+    ddp_timeout: float = _field(600.0, "seconds a process waits for the others (at most a week: one silent for "
+                                "longer is hung); then a hung or stopped one ends the job", bounds="(0, 604800]")
     out_dir: str = _field("", "the run directory; empty = out/<name>")
     resume: bool = _field(False, "continue from out_dir/ckpt.pt")
     init_from: str = _field("", "start from a run dir of ours, a local HF GPT-2 dir or a hub id (gpt2, "

@@ -93,11 +93,18 @@ class Choice:
                                          + (f"; did you mean {hint!r}?" if hint in self.options else ""))
 
 
+def text(value: Any) -> str:
+    """A string field's check: a TOML/JSON value must be text already (str() would make [1] a folder name)."""
+    if isinstance(value, str):
+        return value
+    raise argparse.ArgumentTypeError(f"expects text, got {value!r}")
+
+
 def converter(annotation: Any, bounds: str = "") -> Callable[[Any], Any]:
     """Checks and converts a command-line string or a TOML/JSON value to `annotation`; raises ArgumentTypeError."""
     if get_origin(annotation) is Literal:
         return Choice(get_args(annotation))
-    return {int: integer.within(bounds), float: number.within(bounds), bool: boolean, str: str}[annotation]
+    return {int: integer.within(bounds), float: number.within(bounds), bool: boolean, str: text}[annotation]
 
 
 def one_of(options: Sequence[str]) -> dict[str, Any]:

@@ -11,10 +11,11 @@ from .errors import UserError
 CHOICES = {"pos_emb": ("learned", "rope"), "norm": ("layernorm", "rmsnorm"),
            "activation": ("gelu", "gelu_exact", "relu2"), "attention": ("sdpa", "explicit")}
 
-# n_layer's cap: each block is Python objects, a few ms to build even on the meta device (the plan's), so
-# 2e9 would hang rather than fail; DeepNet's 1,000 layers are the deepest transformer published.
-BOUNDS = dict.fromkeys("vocab_size block_size n_head n_embd mlp_ratio".split(), ">= 1") | {"dropout": "[0, 1)",
-                                                                                         "n_layer": "[1, 1000]"}
+# Caps where a size stops being a model: each block is Python objects, a few ms to build even on the meta
+# device (the plan's), so 2e9 layers would hang, and DeepNet's 1,000 are the deepest published; each block
+# registers a T x T mask, 1 TiB at T = 2**20, past any machine (and past 2**63 bytes at 2**30).
+BOUNDS = dict.fromkeys("vocab_size n_head n_embd mlp_ratio".split(), ">= 1") | {
+    "dropout": "[0, 1)", "n_layer": "[1, 1000]", "block_size": "[1, 1048576]"}
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from configs.errors import entry_point
+from configs.errors import UserError, entry_point, first_line
 
 
 @entry_point
@@ -27,14 +27,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=integer.within(">= 0"), default=1,
                         help="how many blocks to show module by module")
     args = parser.parse_args(argv)
+    import torch
+
     from . import GPT
     from .trace import shape_trace
 
     cfg = load_config(args.config)
+    if args.seq_len and args.seq_len > cfg.block_size:
+        raise UserError(f"--seq-len {args.seq_len} is longer than the config's block_size {cfg.block_size}; "
+                        f"use at most {cfg.block_size}")
     manifest = Path(cfg.data_root) / cfg.dataset / "manifest.json"
     vocab = cfg.vocab_size or (read_manifest(manifest)["vocab_size"] if manifest.is_file() else 0)
     vocab = vocab or (65 if "char" in cfg.dataset else 50257)  # not prepared yet: the two tokenizers' sizes
-    print(shape_trace(GPT(cfg.model_config(vocab)), args.batch_size, args.seq_len, args.blocks))
+    with torch.device("meta"):  # shapes only: no memory, so any size can be walked
+        model = GPT(cfg.model_config(vocab))
+    try:
+        print(shape_trace(model, args.batch_size, args.seq_len, args.blocks))
+    except RuntimeError as e:  # even a meta tensor's size in bytes must fit in 63 bits
+        if "overflow" not in str(e):
+            raise
+        raise UserError(f"a tensor of this walk would hold more than 2**63 bytes ({first_line(e)}); "
+                        "use a smaller --batch-size, --seq-len or vocabulary") from None
     return 0
 
 

@@ -128,9 +128,9 @@ TYPES = get_type_hints(TrainConfig)
 NUMERIC = [f.name for f in fields(TrainConfig) if TYPES[f.name] in (int, float)]
 # Beyond nan, inf, -inf and negatives, which no numeric option takes: each option's other refusals
 REFUSES = {"beta1": ["1", "1e9"], "beta2": ["1.5"], "muon_momentum": ["7", "1"], "dropout": ["1"],
-           "decay_frac": ["0", "1.5"], "seed": [str(2**64)], "ddp_timeout": ["0"], "batch_size": ["0"],
-           "n_layer": ["0", "1001", "2000000000"]} | dict.fromkeys(  # 2e9 blocks took minutes to build, not 1 line
-    ("max_iters", "eval_interval", "log_interval", "n_head", "n_embd", "block_size"), ["0"])
+           "decay_frac": ["0", "1.5"], "seed": [str(2**64)], "ddp_timeout": ["0", "604801", "1e30"], "batch_size": ["0"],
+           "n_layer": ["0", "1001", "2000000000"], "block_size": ["0", "1048577", "1073741824"]} | dict.fromkeys(
+    ("max_iters", "eval_interval", "log_interval", "n_head", "n_embd"), ["0"])  # the caps: tracebacks and hangs before
 CASES = [(name, value) for name in NUMERIC for value in ("nan", "inf", "-inf", "-1", "-1e-3", *REFUSES.get(name, ()))]
 
 

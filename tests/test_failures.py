@@ -415,6 +415,29 @@ def test_more_bad_input_found_by_trying_it(tmp_path, data_root, capsys):
         "--min-lr (0.0001) must not exceed --lr (0.0); lower --min-lr")
 
 
+def test_bad_input_of_the_second_pass_is_one_line_and_changes_nothing(tmp_path, data_root, capsys):
+    from model.__main__ import main as model_main
+
+    ds = data_root / "shakespeare_char"
+    before = {p.name: p.read_bytes() for p in ds.iterdir()}
+    assert "holds a prepared dataset; pick another --out-dir" in fails(capsys, train.main, args(ds, data_root))
+    assert {p.name: p.read_bytes() for p in ds.iterdir()} == before  # no lock, no run files among the tokens
+    cores = os.cpu_count()  # a billion threads ended in OpenMP's out-of-memory abort
+    assert f"--threads {cores + 1}: this machine has {cores} cores; use at most {cores}" in fails(
+        capsys, train.main, args(tmp_path / "t", data_root, "--threads", str(cores + 1)))
+    assert fails(capsys, train.main, args(tmp_path / "g", data_root, "--gpu", "a100", "--mfu", "0.5")) == (
+        "error: --gpu, --mfu: for --plan only; add --plan or drop them")  # it trained on this machine
+    assert not (tmp_path / "t").exists() and not (tmp_path / "g").exists()
+    (tmp_path / "list.toml").write_text('base = "tiny"\nout_dir = ["x"]\n')  # it trained into a folder "['x']"
+    assert fails(capsys, train.main, ["--config", str(tmp_path / "list.toml")]).endswith("out_dir expects text, got ['x']")
+    assert "--seq-len 33 is longer than the config's block_size 32" in fails(
+        capsys, model_main, ["--config", "tiny", "--seq-len", "33"])
+    (tmp_path / "huge.toml").write_text('base = "tiny"\nvocab_size = 2000000000\nblock_size = 100000\n')
+    assert model_main(["--config", str(tmp_path / "huge.toml"), "--blocks", "0"]) == 0  # on meta: no 128 GB
+    assert "would hold more than 2**63 bytes" in fails(
+        capsys, model_main, ["--config", str(tmp_path / "huge.toml"), "--batch-size", "1000000"])
+
+
 def test_a_run_stopped_in_its_first_eval_names_no_best_pt(tmp_path, data_root, monkeypatch, capsys):
     evaluate = train.evaluate
 

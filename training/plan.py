@@ -15,6 +15,7 @@ import os
 import re
 from collections import Counter
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -217,13 +218,13 @@ def check_fits(cfg: TrainConfig, vocab_size: int, rt: Any) -> None:
                         f"{free / GiB:.1f} GiB available; {ADVICE}")
 
 
-def out_of_memory(e: BaseException, device: str) -> UserError | None:
+def out_of_memory(e: BaseException, device: str, ckpt: Path | None = None) -> UserError | None:
     """The one line for an allocation that failed anyway (the plan is an estimate); None for any
-    other error, which keeps its traceback. Saves are atomic, so the checkpoints on disk are whole."""
+    other error, which keeps its traceback. Saves are atomic, so a checkpoint on disk is whole."""
     if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e):
         size = re.search(r"ried to allocate ([\d.]+ \w+)", str(e))  # CUDA's and the CPU allocator's wording
         return UserError(f"out of memory on {device} ({f'allocating {size[1]}' if size else first_line(e)}); "
-                         f"{ADVICE}; the checkpoints saved before are kept")
+                         f"{ADVICE}" + (f"; {ckpt} is kept" if ckpt and ckpt.is_file() else ""))
     return None
 
 

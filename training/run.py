@@ -345,6 +345,8 @@ def lock_run_dir(run_dir: str | Path) -> contextlib.ExitStack:
     import fcntl
 
     run_dir = Path(run_dir)
+    if (run_dir / "train.bin").is_file():  # a dataset's folder: its next rebuild would replace the run
+        raise UserError(f"--out-dir {run_dir} holds a prepared dataset; pick another --out-dir")
     created = [p for p in (run_dir / LOCK_NAME, run_dir, *run_dir.parents) if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -246,6 +246,15 @@ def _join_process_group(device: str, timeout_s: float) -> None:
                                          timeout=datetime.timedelta(seconds=timeout_s))
 
 
+def set_threads(threads: int) -> None:
+    """--threads: torch's CPU threads, 0 = its default. More than the cores only thrash; a billion made
+    OpenMP allocate per-thread memory until it died."""
+    if threads > (cores := os.cpu_count() or 1):
+        raise UserError(f"--threads {threads}: this machine has {cores} cores; use at most {cores} (0 = torch's default)")
+    if threads:
+        torch.set_num_threads(threads)
+
+
 def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: int | None = 1337,
           training: bool = True, ddp_timeout: float = 600.0) -> Runtime:
     """Decide device, precision and compilation, seed the RNGs, join the process group under
@@ -255,8 +264,7 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
     compile = False
     if cfg is not None:
         device, dtype, seed, compile, ddp_timeout = cfg.device, cfg.dtype, cfg.seed, cfg.compile, cfg.ddp_timeout
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        set_threads(cfg.threads)
         if cfg.deterministic:  # cuBLAS's fixed workspace, before any matmul: torch's reproducibility notes
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
