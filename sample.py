@@ -27,6 +27,7 @@ quiet_ctrl_c(__name__)  # first: Ctrl-C during the imports below (torch: seconds
 
 import argparse
 import codecs
+import itertools
 import os
 import re
 import sys
@@ -229,10 +230,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    cores = os.cpu_count() or 1
     bad = {  # the numbers' ranges are their parser's
         "--stop must not be empty": "" in args.stop,
         "an empty --config, --init-from, --prompt-file or --show-attention names nothing": "" in (
             args.config, args.init_from, args.prompt_file, args.show_attention),
+        # without a suffix plot_attention adds .png: beside the folder, not in it
+        f"--show-attention {args.show_attention} is a folder; give a .png file path": bool(
+            args.show_attention) and os.path.isdir(args.show_attention),
+        # torch fails to allocate that many threads' buffers, in a traceback
+        f"--threads {args.threads}: this machine has {cores} cores; use at most {cores} (0 = torch's default)":
+            args.threads > cores,
     }
     if failed := [message for message, is_bad in bad.items() if is_bad]:
         raise UserError(failed[0])
@@ -279,14 +287,14 @@ def run(args: argparse.Namespace) -> None:
 def write_samples(args: argparse.Namespace, prompts: list[str], decode: Callable[..., list[str]]) -> None:
     """Stream one sample to stdout as it decodes; print several a --batch-size batch at a time, each under a header."""
     out = sys.stdout
-    rows = [(j, k) for j in range(len(prompts)) for k in range(args.num_samples)]
-    if len(rows) == 1:
+    # lazy: --num-samples 1e9 streams until Ctrl-C instead of building a billion rows first
+    rows = ((j, k) for j in range(len(prompts)) for k in range(args.num_samples))
+    if len(prompts) * args.num_samples == 1:
         print(prompts[0], end="", file=out, flush=True)
         text = decode([0], on_text=lambda _, piece: (out.write(piece), out.flush()) if piece else None)[0]
         out.write("" if (prompts[0] + text).endswith("\n") else "\n")
         return
-    for start in range(0, len(rows), args.batch_size):
-        chunk = rows[start : start + args.batch_size]
+    while chunk := list(itertools.islice(rows, args.batch_size)):
         for (j, k), text in zip(chunk, decode([j for j, _ in chunk])):
             where = f"prompt {j + 1}/{len(prompts)}, " if len(prompts) > 1 else ""
             out.write(f"--- {where}sample {k + 1}/{args.num_samples} ---\n{prompts[j]}{text}")

@@ -40,7 +40,11 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
 
 def find_checkpoint(path: str | Path | None = None, best: bool = False) -> Path:
     """The checkpoint of a run dir (best=True: its best.pt if any, else ckpt.pt) or a .pt file; None: out/small."""
+    if path is not None and not str(path):  # Path("") is ".": it would name the current folder
+        raise UserError("an empty run path names nothing; give a run directory or a .pt file")
     p = Path(path if path is not None else "out/small")
+    if p.is_file() and p.suffix != ".pt":  # not p/ckpt.pt: no training makes a file a run directory
+        raise UserError(f"{p} is a file, not a checkpoint (.pt) or run directory; give a run directory or a .pt file")
     if p.is_dir() or p.suffix != ".pt":
         p = p / BEST_NAME if best and (p / BEST_NAME).is_file() else p / CKPT_NAME
     if p.is_file():

@@ -200,7 +200,10 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     to sample with (default: drawn from generator)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    # The top logit shifted to exactly 0 and t at least float32's smallest normal: a tiny t sends the
+    # rest to -inf, never inf - inf or 0 / 0 = nan (1e-300 is 0 in float32), so it approaches greedy.
+    logits = logits.float()
+    logits = (logits - logits.amax(-1, keepdim=True)) / max(temperature, torch.finfo(torch.float32).tiny)
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -209,6 +212,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         sorted_probs = sorted_logits.softmax(dim=-1)
         # Drop a token when the tokens before it already reach top_p; the first always stays.
         drop_sorted = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+        drop_sorted[..., 0] = False  # 0 >= top_p when top_p underflows float32 (1e-300)
         logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
     # A draw from probs: the index of the smallest of independent Exp(1) / p_i (an exponential
     # race; each Exp(1) / p_i is exponential with rate p_i). Exact, like torch.multinomial,

@@ -108,6 +108,14 @@ def test_a_missing_checkpoint_names_its_own_run_and_a_lone_best_pt(tmp_path, mon
         load_checkpoint(Path("runs/kept/ckpt.pt"))  # what train.py --resume loads
 
 
+def test_a_plain_file_or_an_empty_path_is_not_taken_for_a_run_directory(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    with pytest.raises(UserError, match=r"notes.txt is a file, not a checkpoint \(.pt\) or run directory; give a run"):
+        find_checkpoint(tmp_path / "notes.txt", best=True)  # was: no checkpoint at notes.txt/ckpt.pt; train one
+    with pytest.raises(UserError, match=r"^an empty run path names nothing; give a run directory or a .pt file$"):
+        find_checkpoint("")  # was: no checkpoint at ckpt.pt; ... --out-dir .
+
+
 def test_random_bytes_are_not_called_code_and_a_truncated_file_is_one_short_line(tmp_path):
     (tmp_path / "ckpt.pt").write_bytes(bytes(range(256)) * 8)
     with pytest.raises(UserError, match="corrupt or not a checkpoint") as e:

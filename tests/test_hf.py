@@ -399,6 +399,16 @@ def test_export_into_a_file_or_where_nothing_can_be_written_is_one_line(tmp_path
     assert (tmp_path / "file").read_text() == "mine" and os.listdir(read_only) == []
 
 
+def test_export_of_a_plain_file_or_an_empty_run_is_one_line(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    for run, says in [(tmp_path / "notes.txt", "notes.txt is a file, not a checkpoint (.pt) or run directory"),
+                      ("", "error: an empty run path names nothing")]:
+        assert main(["export", str(run), str(tmp_path / "hf")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err and "train one first" not in err, err
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
+
+
 def test_exported_files_all_take_the_umask(tmp_path):
     run = random_run(tmp_path / "run", "char", 65)
     umask = os.umask(0o027)

@@ -197,6 +197,17 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert set(sample_next(logits, 1.0, top_k=3, top_p=0.75, generator=gen).tolist()) == {1, 3}
 
 
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1e-300, None, None), (1e-40, None, None), (1e-300, 5, 1e-300),
+                                                       (0.8, None, 1e-300), (0.8, None, 1e-6), (1e-300, 1, None)])
+def test_a_tiny_temperature_or_top_p_keeps_the_likeliest_token_and_no_nan(monkeypatch, temperature, top_k, top_p):
+    logits = torch.randn(64, len(CHARS), generator=torch.Generator().manual_seed(0)) * 3
+    logits[0, -1] = float("-inf")  # a padding id (check_vocab's hook)
+    softmax, probs = torch.Tensor.softmax, []
+    monkeypatch.setattr(torch.Tensor, "softmax", lambda t, *a, **k: probs.append(softmax(t, *a, **k)) or probs[-1])
+    drawn = sample_next(logits, temperature, top_k, top_p, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(drawn, logits.argmax(-1)) and probs and not any(p.isnan().any() for p in probs)
+
+
 def test_batched_unequal_prompts_equal_one_by_one_greedy():
     model = tiny_model()
     prompts = ["ROMEO:", "A", "First Cit", ""]

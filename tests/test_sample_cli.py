@@ -1,6 +1,8 @@
 """sample.py's command line, run in-process as a user would: prompts, limits, headers, errors."""
 
+import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,10 +189,11 @@ def test_cli_finds_a_configs_run_and_its_declared_vocab(tmp_path, monkeypatch, c
     assert capsys.readouterr().out.startswith("A")
 
 
-def test_cli_sets_cpu_threads(tmp_path, capsys):
+def test_cli_sets_cpu_threads(tmp_path, capsys, monkeypatch):
     run = make_run(tmp_path)
     argv = ["--ckpt", str(run), "--prompt", "A", "--max-new-tokens", "2", "--device", "cpu"]
     torch.set_num_threads(2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)  # 3 threads must fit the machine
     assert sample.main(argv) == 0 and torch.get_num_threads() == 1  # n_embd 16: one thread
     assert sample.main([*argv, "--threads", "3"]) == 0 and torch.get_num_threads() == 3
 
@@ -253,3 +256,60 @@ def test_config_with_only_best_pt_samples_it(tmp_path, monkeypatch, capsys):
     (tmp_path / "out/run").rename(tmp_path / "out/tiny")
     assert sample.main(["--config", "tiny", "--prompt", "A", "--max-new-tokens", "3", "--seed", "0"]) == 0
     assert capsys.readouterr().out.startswith("A")
+
+
+def test_more_threads_than_the_machine_has_cores_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    argv = ["--ckpt", str(make_run(tmp_path)), "--prompt", "A", "--max-new-tokens", "2", "--device", "cpu"]
+    for threads in ("3", "1073741824"):  # the latter was a torch allocation traceback
+        assert sample.main([*argv, "--threads", threads]) == 2
+        assert capsys.readouterr().err == (f"error: --threads {threads}: this machine has 2 cores; use at most 2 "
+                                           "(0 = torch's default)\n")
+    assert sample.main([*argv, "--threads", "2"]) == 0 and capsys.readouterr().out.startswith("A")
+
+
+def test_show_attention_into_a_folder_is_refused_not_written_beside_it(tmp_path, capsys):
+    folder = tmp_path / "maps"
+    folder.mkdir()
+    argv = ["--ckpt", str(make_run(tmp_path)), "--prompt", "A", "--show-attention", str(folder), "--max-new-tokens", "0"]
+    assert sample.main(argv) == 2
+    assert capsys.readouterr().err == f"error: --show-attention {folder} is a folder; give a .png file path\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["maps", "run"]
+
+
+def test_a_plain_file_or_an_empty_ckpt_is_not_taken_for_a_run_directory(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    for ckpt, says in [(tmp_path / "notes.txt", f"{tmp_path / 'notes.txt'} is a file, not a checkpoint (.pt) or run "
+                                                "directory; give a run directory or a .pt file"),
+                       ("", "an empty run path names nothing; give a run directory or a .pt file")]:
+        assert sample.main(["--ckpt", str(ckpt), "--prompt", "A"]) == 2
+        assert capsys.readouterr().err == f"error: {says}\n"
+
+
+def test_a_huge_num_samples_streams_without_building_its_rows_first(capsys):
+    import resource
+    import tracemalloc
+
+    chunks = []
+
+    def decode(rows, **_):  # two batches, then Ctrl-C
+        chunks.append(rows)
+        if len(chunks) == 2:
+            raise KeyboardInterrupt
+        return ["x"] * len(rows)
+
+    args = sample.parse_args(["--num-samples", str(10**9), "--batch-size", "3"])
+    # Building the billion rows up front must fail fast (MemoryError), not take the machine's memory.
+    used = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (used + 2**30, limits[1]))
+    tracemalloc.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sample.write_samples(args, ["A"], decode)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        resource.setrlimit(resource.RLIMIT_AS, limits)
+    assert chunks == [[0] * 3] * 2 and peak < 2**20
+    assert capsys.readouterr().out == "".join(f"--- sample {k}/1000000000 ---\nAx\n" for k in (1, 2, 3))
