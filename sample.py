@@ -230,7 +230,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    cores = os.cpu_count() or 1
     bad = {  # the numbers' ranges are their parser's
         "--stop must not be empty": "" in args.stop,
         "an empty --config, --init-from, --prompt-file or --show-attention names nothing": "" in (
@@ -238,16 +237,13 @@ def check_args(args: argparse.Namespace) -> None:
         # without a suffix plot_attention adds .png: beside the folder, not in it
         f"--show-attention {args.show_attention} is a folder; give a .png file path": bool(
             args.show_attention) and os.path.isdir(args.show_attention),
-        # torch fails to allocate that many threads' buffers, in a traceback
-        f"--threads {args.threads}: this machine has {cores} cores; use at most {cores} (0 = torch's default)":
-            args.threads > cores,
     }
     if failed := [message for message, is_bad in bad.items() if is_bad]:
         raise UserError(failed[0])
 
 
 def run(args: argparse.Namespace) -> None:
-    from training.runtime import setup
+    from training.runtime import set_threads, setup
 
     check_args(args)
     stops = [unescape(s) for s in args.stop]
@@ -258,8 +254,8 @@ def run(args: argparse.Namespace) -> None:
     rt = setup(device=device, dtype=args.dtype, seed=None, training=False)
     model, tok = load(args)
     model.to(rt.device)
-    if rt.device_type == "cpu" and (threads := cpu_threads(args.threads, model.config.n_embd)):
-        torch.set_num_threads(threads)
+    if rt.device_type == "cpu":
+        set_threads(cpu_threads(args.threads, model.config.n_embd))
     if rt.dtype != torch.float32:  # inference only: keep weights (and the KV cache) in the compute dtype
         model.to(rt.dtype)
     if args.quantize == "int8":
