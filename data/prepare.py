@@ -312,6 +312,8 @@ def prepare(name: str | None = None, *, text: str | os.PathLike | None = None,
     """Prepare dataset ``name`` (a preset, or the output name for a --text/--files/--hf source); returns its folder."""
     if not 0.0 < val_fraction < 1.0:
         raise UserError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    if num_proc and num_proc > (cores := os.cpu_count() or 1):  # before any Pool: each process costs memory
+        raise UserError(f"--num-proc {num_proc}: this machine has {cores} cores; use at most {cores}")
     source, tok_name, name = _resolve(name, text, files, hf, subset, split, revision, text_column, streaming, tokenizer)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise UserError(f"dataset name {name!r} must start with a letter or digit, then letters, digits, '.', '_' "
@@ -327,6 +329,11 @@ def prepare(name: str | None = None, *, text: str | os.PathLike | None = None,
     num_proc = num_proc or min(8, os.cpu_count() or 1)
     single = source.text is not None
     with write_errors(out_dir), _rebuilding(out_dir) as work:  # its lock, build folder and swap
+        # The swap replaces out_dir whole: only what an earlier prepare wrote there may go (a run, a model: no).
+        held = sorted(os.listdir(out_dir)) if out_dir.is_dir() else ["a file"] if out_dir.exists() else []
+        if held and ("manifest.json" not in held or set(held) - {"manifest.json", "train.bin", "val.bin"}):
+            raise UserError(f"{out_dir} is not a prepared dataset ({', '.join(held[:3])}{', ...' * (len(held) > 3)}); "
+                            "pass another --name or --out-root, or delete it")
         tok, counts, text_hash = (_prepare_single_text if single else _prepare_documents)(
             source, tok_name, work, val_fraction, num_proc, verbose)
         manifest = {
@@ -371,6 +378,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quiet", action=Flag, help="no progress output")
     kw = vars(p.parse_args(argv))  # the other options are prepare()'s keyword arguments
     name, out_name, quiet = kw.pop("name"), kw.pop("out_name"), kw.pop("quiet")
+    if empty := [f for f, v in (("NAME", name), ("--name", out_name), ("--out-root", kw["out_root"])) if v == ""]:
+        p.error(f"{empty[0]} is empty; give a folder name, or leave it out for the default")
     if out_name and not (kw["text"] or kw["files"] or kw["hf"]):
         p.error("--name applies to --text/--files/--hf; a preset is written to <out-root>/<preset>")
     if name and out_name and name != out_name:

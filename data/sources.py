@@ -10,7 +10,9 @@ refused.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import hashlib
+import logging
 import os
 import re
 import sys
@@ -69,6 +71,17 @@ def split_name(path: Path) -> tuple[str, str]:
     return stem, ext.lower()
 
 
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """datasets logs a failed read ("Failed to load JSON from file ...") before raising it: one line (ours) is enough."""
+    log, level = logging.getLogger("datasets"), logging.getLogger("datasets").level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def _open(where: str, fix: str, *args: Any, load: str = "load_dataset", offline: bool = True, **kwargs: Any) -> Any:
     """datasets.<load>(*args, **kwargs); its failures become one line naming `where` and `fix`.
     offline: local data needs no hub, and datasets then skips its download-count request per file."""
@@ -77,7 +90,8 @@ def _open(where: str, fix: str, *args: Any, load: str = "load_dataset", offline:
     saved = datasets.config.HF_HUB_OFFLINE
     datasets.config.HF_HUB_OFFLINE = saved or offline
     try:
-        return getattr(datasets, load)(*args, **kwargs)
+        with _quiet_datasets():
+            return getattr(datasets, load)(*args, **kwargs)
     except Exception as e:
         raise UserError(f"could not read {where}: {first_line(e)}; {fix}") from e
     finally:
@@ -118,7 +132,8 @@ def _column_texts(ds: Any, column: str, where: str) -> Iterator[str]:
     it = iter(ds.iter(batch_size=1024))  # column batches: far faster than a dict per row
     while True:
         try:
-            batch = next(it)
+            with _quiet_datasets():
+                batch = next(it)
         except StopIteration:
             return
         except Exception as e:  # only the datasets reader runs inside next(); our code is outside

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -197,7 +198,9 @@ def test_prepare_local_dataset_dirs_ask_no_network(tmp_path, network_calls):
     ds = prep.prepare(hf=str(saved), tokenizer="char", out_root=tmp_path, verbose=False)
     assert _decoded(ds) == "".join(d + "\n\n" for d in DOCS)
     with pytest.raises(UserError, match=r"no split 'validation' \(splits: train, test\).*--split"):
-        prep.prepare(hf=str(saved), split="validation", out_root=tmp_path, verbose=False)
+        prep.prepare(hf=str(saved), split="validation", out_root=tmp_path / "out", verbose=False)
+    with pytest.raises(UserError, match=rf"^{saved} is not a prepared dataset \(dataset_dict.json, test, train\)"):
+        prep.prepare(hf=str(saved), name="saved", out_root=tmp_path, verbose=False)  # over its own source
     assert network_calls == []
 
 
@@ -557,3 +560,82 @@ def test_a_lost_dataset_suggests_every_source_and_its_out_root(tmp_path):
         prep.dataset_dir("mine", tmp_path)
     assert "--text PATH" in str(e.value) and "--files" in str(e.value) and "--hf" in str(e.value)
     assert f"--name mine --out-root {tmp_path}" in str(e.value)
+
+
+def _one_error_line(capfd, argv: list[str]) -> str:
+    """data.prepare's main(argv) in this process: exit status 2 and exactly one stderr line, which is returned."""
+    assert prep.main(argv) == 2
+    out, err = capfd.readouterr()
+    assert out == "" and len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("files", [
+    {"ckpt.pt": b"weights", "best.pt": b"best", "config.json": b"{}", "metrics.jsonl": b'{"step": 1}\n'},  # a run
+    {"config.json": b"{}", "model.safetensors": b"\0" * 64, "tokenizer.json": b"{}"},  # an exported HF model
+    {"manifest.json": b"{}", "train.bin": b"", "val.bin": b"", "notes.txt": b"mine"},  # a dataset plus a user's file
+    None,  # a file where the dataset folder would go
+])
+def test_a_folder_that_is_not_a_dataset_is_refused_and_left_as_it_is(tmp_path, capfd, files):
+    (tmp_path / "small.txt").write_text("hello world\n" * 50)
+    victim = tmp_path / "out" / "victim"
+    victim.parent.mkdir()
+    if files is None:
+        victim.write_bytes(b"mine")
+    else:
+        victim.mkdir()
+        for name, content in files.items():
+            (victim / name).write_bytes(content)
+
+    def tree():
+        return victim.read_bytes() if files is None else {p.name: p.read_bytes() for p in victim.iterdir()}
+
+    before = tree()
+    err = _one_error_line(capfd, ["--text", str(tmp_path / "small.txt"), "--tokenizer", "char", "--quiet",
+                                  "--out-root", str(tmp_path / "out"), "--name", "victim"])
+    assert err.startswith(f"error: {victim} is not a prepared dataset (")
+    assert err.rstrip().endswith("; pass another --name or --out-root, or delete it")
+    assert tree() == before and sorted(p.name for p in victim.parent.iterdir()) == ["victim"]
+
+
+@pytest.mark.parametrize("flags, flag", [(["--out-root", ""], "--out-root"), (["--name", ""], "--name")])
+def test_an_empty_out_root_or_name_is_refused(tmp_path, monkeypatch, capfd, flags, flag):
+    monkeypatch.chdir(tmp_path)  # where an empty --out-root would write
+    (tmp_path / "t.txt").write_text("hello world\n" * 50)
+    err = _one_error_line(capfd, ["--text", str(tmp_path / "t.txt"), "--tokenizer", "char", "--quiet",
+                                  *(["--out-root", str(tmp_path / "out")] if flag == "--name" else []), *flags])
+    assert err == f"error: {flag} is empty; give a folder name, or leave it out for the default\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["t.txt"]
+
+
+def test_num_proc_above_the_core_count_is_refused_before_any_process(tmp_path, monkeypatch, capfd):
+    (tmp_path / "t.txt").write_text("hello world\n" * 50)  # one chunk: even unchecked, no pool would start
+    monkeypatch.setattr(prep.os, "cpu_count", lambda: 2)
+    err = _one_error_line(capfd, ["--text", str(tmp_path / "t.txt"), "--tokenizer", "char", "--quiet",
+                                  "--out-root", str(tmp_path / "out"), "--num-proc", "1073741824"])
+    assert err == "error: --num-proc 1073741824: this machine has 2 cores; use at most 2\n"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name, content, problem", [
+    ("bad.jsonl", b'{"text": "a"}\n{bad\n', "JSON parse error"),
+    ("fake.parquet", b"just some text\n", "Parquet magic bytes not found"),
+])
+def test_a_file_datasets_cannot_read_is_one_line_without_its_log(tmp_path, name, content, problem):
+    pytest.importorskip("datasets")
+    (tmp_path / name).write_bytes(content)
+    # Another process: datasets' log handler writes to the stderr of its import, which pytest may have swapped.
+    r = subprocess.run([sys.executable, "-m", "data.prepare", "--files", str(tmp_path / name), "--tokenizer", "char",
+                        "--quiet", "--out-root", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: could not read {tmp_path / name}: ") and problem in r.stderr
+
+
+def test_datasets_is_quiet_only_while_it_reads(tmp_path):
+    pytest.importorskip("datasets")
+    level = logging.getLogger("datasets").level
+    (tmp_path / "bad.jsonl").write_text("{bad\n")
+    with pytest.raises(UserError, match="could not read"):
+        prep.prepare(files=[tmp_path / "bad.jsonl"], tokenizer="char", out_root=tmp_path / "out", verbose=False)
+    assert logging.getLogger("datasets").level == level
