@@ -4,7 +4,7 @@
     python -m data.prepare shakespeare             # bundled tinyshakespeare, GPT-2 BPE (no network)
     python -m data.prepare --text book.txt --tokenizer char          # -> data/prepared/book_char
     python -m data.prepare --text corpus_dir/ --name mycorpus        # every .txt under the folder
-    python -m data.prepare --files a.parquet b.parquet --text-column content --num-proc 8
+    python -m data.prepare --files a.parquet b.parquet --text-column content --num-proc 2
     python -m data.prepare --files docs.jsonl.gz --val-fraction 0.05  # .gz/.bz2/.xz/.zst, .txt, .csv too
     python -m data.prepare --hf path/to/dataset_dir --split validation  # data files or save_to_disk
     python -m data.prepare --hf roneneldan/TinyStories --revision main --streaming   # needs network

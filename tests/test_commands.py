@@ -126,7 +126,7 @@ RUNS = {
     "python -m data.prepare shakespeare": (None, "shakespeare"),
     "python -m data.prepare --text book.txt --tokenizer char": (None, "book_char"),
     "python -m data.prepare --text corpus_dir/ --name mycorpus": (None, "mycorpus"),
-    "python -m data.prepare --files a.parquet b.parquet --text-column content --num-proc 8": (None, "train"),
+    "python -m data.prepare --files a.parquet b.parquet --text-column content --num-proc 2": (None, "train"),
     "python -m data.prepare --files docs.jsonl.gz --val-fraction 0.05": (None, "train"),
     "python -m data.prepare --hf path/to/dataset_dir --split validation": (None, "train"),
     "python -m data.prepare --hf roneneldan/TinyStories --revision main --streaming": (None, ERROR),
