@@ -393,7 +393,7 @@ def test_deterministic_on_an_op_without_a_deterministic_kernel_is_one_line(tmp_p
     assert "--deterministic: adaptive_avg_pool2d_backward_cuda has no deterministic kernel on cpu; drop" in line
 
 
-@pytest.mark.parametrize("option", ["--n-embd", "--block-size", "--threads", "--tokens-per-step"])
+@pytest.mark.parametrize("option", ["--n-embd", "--n-head", "--threads", "--tokens-per-step"])
 def test_integers_torch_cannot_hold_are_one_line(tmp_path, data_root, capsys, option):
     assert f"{option}: expects an integer below 2**31, got '1e30'" in fails(capsys, train.main, args(
         tmp_path, data_root, option, "1e30"))
