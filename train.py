@@ -51,7 +51,6 @@ from training.runtime import Runtime, setup
 
 def forward_backward(train_model: torch.nn.Module, loader: GlobalBatchLoader, rt: Runtime) -> torch.Tensor:
     """Accumulate gradients over this rank's micro-batches of the next step; returns its mean loss (a tensor).
-
     Under DDP only the last micro-step all-reduces the gradients (no_sync on the others)."""
     loss_sum = torch.zeros((), device=rt.device)
     batches = loader.next_step()
@@ -83,35 +82,30 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rt:
 def eval_and_save(run: Run, stop: StopSignal, budget: TimeBudget | None = None, save_first: bool = False) -> None:
     """Evaluate, then save ckpt.pt (best.pt too when val improved). On a stop signal save first:
     a short grace period still keeps the work. A stop signal cuts the eval short (nothing of it is
-    recorded; it is not started again), never a save. Only rank 0 evaluates and saves."""
-    t0, st = time.time(), run.state
-    if save_first and run.rt.is_master:
+    recorded; it is not started again), never a save. Only rank 0 evaluates and saves; a non-finite
+    val loss stops every rank before anything is saved."""
+    t0, st, rt = time.time(), run.state, run.rt
+    if save_first and rt.is_master:
         with stop.holding():
             save(run)
     if st.evaluated_at == st.step:
         return
     st.evaluated_at = st.step
-    if (losses := evaluate_on_every_rank(run, stop)) is None:
-        st.losses = {}  # the last eval's are of an earlier step: not "final"
-        return
-    if run.rt.is_master:
-        with stop.holding():
-            record_eval(run, losses, saved=save_first)
-    if budget is not None:  # the final one also draws loss.png
-        budget.record_final(time.time() - t0 + (run.log.plot_cost if run.log else 0.0))
-
-
-def evaluate_on_every_rank(run: Run, stop: StopSignal) -> dict[str, float] | None:
-    """Rank 0's eval losses ({} elsewhere, None if a stop signal cut it short); a non-finite val loss
-    stops every rank before anything is saved."""
-    rt = run.rt
+    # None if a stop signal cut it short; {} on the other ranks
     losses = stop.cut_short(lambda: evaluate(run.model, run.ds_dir, run.cfg, rt)) if rt.is_master else {}
     val = torch.tensor((losses or {}).get("val_loss", 0.0), device=rt.device)
     if rt.ddp:
         torch.distributed.broadcast(val, src=0)  # also the barrier: the others wait for rank 0
     if not math.isfinite(val.item()):
-        raise diverged(run, f"val loss became {val.item()} at step {run.state.step}")
-    return losses
+        raise diverged(run, f"val loss became {val.item()} at step {st.step}")
+    if losses is None:
+        st.losses = {}  # the last eval's are of an earlier step: not "final"
+        return
+    if rt.is_master:
+        with stop.holding():
+            record_eval(run, losses, saved=save_first)
+    if budget is not None:  # the final one also draws loss.png
+        budget.record_final(time.time() - t0 + (run.log.plot_cost if run.log else 0.0))
 
 
 def record_eval(run: Run, losses: dict[str, float], saved: bool) -> None:
@@ -126,11 +120,11 @@ def record_eval(run: Run, losses: dict[str, float], saved: bool) -> None:
         keep_best(run.run_dir)
     log.log({"step": st.step, **losses, "time": round(time.time() - log.started, 3)})
     if run.cfg.sample_tokens and log.wandb is not None:
-        log.log_sample(st.step, sample_text(run.model, run.manifest, run.cfg.sample_tokens, run.rt, run.cfg.seed))
+        log.log_sample(st.step, sample_text(run))
     log.plot(force=False)
     tqdm.write(f"step {st.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}"
                f"{' (best)' if improved else ''}{', saved' if saving or saved else ''}")
-    if note := log.off_reference(st.step, losses):  # clearly outside the seeds' band: say so, go on
+    if log.reference and (note := log.reference.check(st.step, losses)):  # outside the seeds' band: say so, go on
         tqdm.write(note)
 
 
@@ -271,8 +265,7 @@ def finish(run: Run, stopped: str, t_start: float, stop: StopSignal) -> dict[str
     print(f"checkpoint {result['checkpoint']} (latest, for --resume)\n{best}"
           f"metrics    {result['metrics']}\nloss curve {result['plot']}")
     if run.cfg.sample_tokens:
-        sample = stop.cut_short(lambda: sample_text(run.model, run.manifest, run.cfg.sample_tokens, run.rt,
-                                                    run.cfg.seed))
+        sample = stop.cut_short(lambda: sample_text(run))
         if sample is None:
             result["stopped"] = stop.name
             print(f"{stop.name}: the sample was cut short; {kept}", file=sys.stderr)
@@ -286,7 +279,6 @@ def finish(run: Run, stopped: str, t_start: float, stop: StopSignal) -> dict[str
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="train.py", description=__doc__,
                             usage="python train.py [--config NAME|FILE|RUN_DIR] [--FIELD VALUE ...]")
-    # Script-level flags that are not TrainConfig fields: one add_argument each, read from args.
     planning = parser.add_argument_group("plan (nothing is trained)")
     planning.add_argument("--plan", action=Flag, help="print parameters, FLOPs, memory per GPU and time")
     planning.add_argument("--gpu", help="the GPU to plan for (default h100; a100-40gb, 4090, ...)")

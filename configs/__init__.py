@@ -121,7 +121,7 @@ class TrainConfig:
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The network this config describes: the fields GPTConfig shares; vocab_size 0 takes the argument."""
-        shared = {k: getattr(self, k) for k in model_fields()}
+        shared = {k: getattr(self, k) for k in MODEL_FIELDS}
         return GPTConfig(**shared | {"vocab_size": self.vocab_size or vocab_size})
 
     def accumulation(self, processes: int) -> int:
@@ -141,16 +141,11 @@ class TrainConfig:
         return asdict(self)
 
     def summary(self) -> str:
-        """The resolved config as a few wrapped `key=value` lines."""
         return textwrap.fill(" ".join(f"{k}={v}" for k, v in self.to_dict().items()), 100, subsequent_indent="  ")
 
 
-def model_fields() -> tuple[str, ...]:
-    """TrainConfig fields that define the network (the rest is optimisation and bookkeeping)."""
-    return tuple(f.name for f in fields(GPTConfig) if f.name in FIELDS)
-
-
 FIELDS = tuple(f.name for f in fields(TrainConfig))
+MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name in FIELDS)  # the network's; the rest: training
 _TYPES = get_type_hints(TrainConfig)
 
 
@@ -186,7 +181,6 @@ BASE = TrainConfig()
 
 
 def available_configs() -> list[str]:
-    """Names of the preset modules in this package (not its own machinery)."""
     here = Path(__file__).parent
     return sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.name not in ("cli", "errors", "model"))
 
@@ -261,8 +255,7 @@ def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig)
         if f.metadata["section"] not in ("", group.title):
             group = parser.add_argument_group(f.metadata["section"])
         kind = argument(_TYPES[f.name], _CHECKS[f.name]) | ({"metavar": "INT|auto"} if f.name == "batch_size" else {})
-        group.add_argument(f"--{f.name.replace('_', '-')}", default=getattr(base, f.name), help=f.metadata["help"],
-                           **kind)
+        group.add_argument(_flag(f.name), default=getattr(base, f.name), help=f.metadata["help"], **kind)
 
 
 def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> tuple[TrainConfig, Namespace]:

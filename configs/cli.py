@@ -72,8 +72,6 @@ seed = Number(int, f"[0, {2**32})", "a seed from 0 to 2**32 - 1 (torch keeps 32 
 
 
 def boolean(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
     if str(value).lower() in TRUE + FALSE:
         return str(value).lower() in TRUE
     raise argparse.ArgumentTypeError(f"expects true/false (or no value), got {value!r}")
@@ -190,17 +188,14 @@ class ArgumentParser(argparse.ArgumentParser):
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
         parsed, unknown = self.parse_known_args(args, namespace)
-        if unknown:
-            self.error(self._unknown(unknown[0]))
-        return parsed
-
-    def _unknown(self, arg: str) -> str:
-        if not arg.startswith("-") or arg == "--":
-            return f"unexpected argument {arg!r} (see --help)"
-        flag = arg.partition("=")[0]
+        if not unknown:
+            return parsed
+        if not unknown[0].startswith("-") or unknown[0] == "--":
+            self.error(f"unexpected argument {unknown[0]!r} (see --help)")
+        flag = unknown[0].partition("=")[0]
         names = [s[2:] for s in self._option_string_actions if s.startswith("--")]
         hint = closest(flag.lstrip("-"), names)
-        return f"unknown option {flag!r}; " + (f"did you mean --{hint}?" if hint else "see --help for the options")
+        self.error(f"unknown option {flag!r}; " + (f"did you mean --{hint}?" if hint else "see --help for the options"))
 
     def error(self, message: str) -> NoReturn:
         # argparse writes "argument --x/--no-x: problem"; the first spelling names it well enough

@@ -2,7 +2,7 @@
 
     budget = TimeBudget(limit=45.0, started=t_start, final_estimate=lambda step_s: ...)
     budget.begin()                      # the training loop starts: start-up is paid
-    progress = budget.progress()        # share of the training time used, for the lr schedule
+    progress = budget.progress()        # share of the training time used (may pass 1), for the lr schedule
     budget.record(step_seconds)         # after each step
     if budget.out_of_time(): ...        # the next step plus the final eval + save would overrun
     budget.record_final(seconds)        # an eval + save was timed: use it instead of the estimate
@@ -55,12 +55,10 @@ class TimeBudget:
         return RESERVE_MARGIN * final
 
     def progress(self) -> float:
-        """Share of the time available for training steps used so far (may pass 1)."""
         available = self.limit - (self.loop_started - self.started) - self.reserve()
         return (self.clock() - self.loop_started) / max(available, 1e-3)
 
     def out_of_time(self) -> bool:
-        """True when one more step and then the final eval + save would pass the limit."""
         return self.clock() - self.started + self.step_time() + self.reserve() > self.limit
 
 

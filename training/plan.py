@@ -1,8 +1,6 @@
 """Memory and time of a run before it starts: `train.py --plan` and `--batch-size auto`.
 
-    python train.py --config gpt2 --plan --gpu h100 --nproc 8     # prints the plan, trains nothing
     python train.py --config gpt2 --plan --gpu a100-40gb --n-layer 24 --n-embd 1024 --n-head 16
-    python train.py --config gpt2 --batch-size auto               # the largest micro-batch that fits
 
 The model is built on the meta device (shapes only). Each term of the estimate, and how it was
 checked against measured peaks (benchmarks/memory.py, tests/test_plan.py): docs/planning.md.

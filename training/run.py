@@ -17,7 +17,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from configs import TrainConfig, model_fields
+from configs import MODEL_FIELDS, TrainConfig
 from configs.errors import UserError
 from data.files import write_json
 from data.loader import GlobalBatchLoader, eval_batches
@@ -35,13 +35,12 @@ from training.runlog import RunLog
 from training.runtime import Runtime, attention_kernel, capture_rng_state, restore_rng_state, trainable
 
 # The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
-ARCH_FIELDS = tuple(k for k in model_fields() if k not in ("dropout", "block_size"))
+ARCH_FIELDS = tuple(k for k in MODEL_FIELDS if k not in ("dropout", "block_size"))
 RESUME_KEYS = ("model", "train_config", "optimizer", "scaler", "step", "loader", "rng", "best_val", "manifest")
 
 
 def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> tuple[GPT, TrainConfig]:
     """The GPT for this run: the resumed checkpoint's, --init-from weights, or fresh from cfg.
-
     Weights from a checkpoint or a pretrained model bring their architecture (cfg's model fields
     are updated to match and the difference is printed); dropout always comes from cfg."""
     vocab_size, src = manifest["vocab_size"], ckpt
@@ -128,9 +127,8 @@ def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime
     model.eval()
     out = {}
     batch_size = cfg.eval_batch_size or cfg.batch_size
-    val_batches = math.ceil(len(read_tokens(ds_dir / "val.bin")) // cfg.block_size / batch_size)
+    limit = cfg.eval_iters or math.ceil(len(read_tokens(ds_dir / "val.bin")) // cfg.block_size / batch_size)
     for split in ("val", "train"):
-        limit = cfg.eval_iters or val_batches
         total, count = torch.zeros((), device=rt.device), 0
         for x, y in eval_batches(ds_dir / f"{split}.bin", cfg.block_size, batch_size, rt.device, max_batches=limit):
             with rt.autocast():
@@ -146,15 +144,15 @@ def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime
 
 
 @torch.no_grad()
-def sample_text(model: torch.nn.Module, manifest: dict[str, Any], n_tokens: int, rt: Runtime, seed: int) -> str:
-    """One sample from the tokenizer's start token (end-of-text, else a newline), with its own
-    generator so the training RNG streams are untouched (exact resume does not depend on sampling)."""
-    tok = tokenizer_from_manifest(manifest)
+def sample_text(run: Run) -> str:
+    """One sample of cfg.sample_tokens from the tokenizer's start token (end-of-text, else a newline), with its
+    own generator so the training RNG streams are untouched (exact resume does not depend on sampling)."""
+    tok, rt = tokenizer_from_manifest(run.manifest), run.rt
     idx = torch.tensor([[tok.start_id]], dtype=torch.long, device=rt.device)
-    gen = torch.Generator(device=rt.device).manual_seed(seed)
+    gen = torch.Generator(device=rt.device).manual_seed(run.cfg.seed)
     with rt.autocast():
-        ids = [int(t[0]) for t in model.generate(idx, n_tokens, temperature=0.8, top_k=200, generator=gen)]
-    return tok.decode(ids)
+        out = run.model.generate(idx, run.cfg.sample_tokens, temperature=0.8, top_k=200, generator=gen)
+    return tok.decode([int(t[0]) for t in out])
 
 
 @dataclass
@@ -182,10 +180,11 @@ class Run:
     manifest: dict[str, Any]
     ds_dir: Path
     held: IO[str]  # the dataset's shared lock (hold_dataset), for the whole run
-    run_dir: Path
     grad_accum: int
     log: RunLog | None  # rank 0 only
     state: RunState
+
+    run_dir = property(lambda self: self.cfg.run_dir)
 
     @property
     def tokens_per_step(self) -> int:
@@ -270,8 +269,7 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
                  reference=Reference.matching(cfg.to_dict(), rt.world_size)) if master else None
     state.losses = next(({k: r[k] for k in ("train_loss", "val_loss")} for r in (log.records if log else [])
                          if r["step"] == state.step and "val_loss" in r), {})  # for finish()'s summary
-    run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, held, run_dir,
-              grad_accum, log, state)
+    run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, held, grad_accum, log, state)
     if master:
         announce(run, resumed=ckpt is not None)
     if ckpt is not None:  # last, so nothing above (model init, compile) shifts the streams

@@ -89,27 +89,22 @@ class RunLog:
             self.samples.append([step, text])  # the whole table each time: wandb tables are immutable
             self.wandb.log({"samples": wandb.Table(columns=["step", "text"], data=self.samples)}, step=step)
 
-    def off_reference(self, step: int, losses: dict[str, float]) -> str | None:
-        """A line to print when this eval is clearly outside the reference band (else None)."""
-        return self.reference.check(step, losses) if self.reference is not None else None
-
-    def plot(self, force: bool = True) -> Path | None:
-        """Train and val loss against step in loss.png; None (and a note) without matplotlib.
+    def plot(self, force: bool = True) -> None:
+        """Train and val loss against step in loss.png (a note without matplotlib).
         force=False redraws at most every 30 s: a redraw is not free on a small CPU."""
         if not force and time.time() - self.plotted_at < 30:
-            return None
+            return
         self.plotted_at = time.time()
         failing = sys.exc_info()[1] is not None  # called from a `finally` while an error is on its way out
         try:
-            return self._plot()
+            self._plot()
         except UserError as e:  # a full disk: not worth failing the run for, nor worth hiding its error
             if not failing:
                 print(f"note: {e}", file=sys.stderr)
-            return None
         finally:
             self.plot_cost = time.time() - self.plotted_at  # for max_time's reserve
 
-    def _plot(self) -> Path | None:
+    def _plot(self) -> None:
         try:
             import matplotlib
 
@@ -117,7 +112,7 @@ class RunLog:
             import matplotlib.pyplot as plt
         except ImportError:
             print("note: matplotlib is not installed, skipping loss.png (pip install matplotlib)")
-            return None
+            return
 
         if self.reference is None:
             fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -131,12 +126,10 @@ class RunLog:
         ax.grid(alpha=0.3)
         ax.legend(title=self.reference and f"config matches the {self.reference.label}", title_fontsize="small")
         fig.tight_layout()
-        path = self.out_dir / "loss.png"
         try:
-            atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+            atomic_write(self.out_dir / "loss.png", lambda f: fig.savefig(f, format="png", dpi=110))
         finally:
             plt.close(fig)
-        return path
 
     def _series(self, key: str) -> tuple[list[int], list[float]]:
         pts = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]

@@ -207,7 +207,6 @@ class Runtime:
             torch.distributed.destroy_process_group()
 
     def describe(self) -> str:
-        """One line: device, precision, optimizer kernels, attention kernel, compilation (and why not)."""
         p = self.choices
         where = f"{self.world_size} processes x {p.device_type}" if self.ddp else p.device
         dtype = str(p.dtype).removeprefix("torch.") + (" + loss scaling" if p.loss_scaling else "")
