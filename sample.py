@@ -211,8 +211,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="end a sample after this text (repeatable)")
     p.add_argument("--batch-size", type=integer.within(">= 1"), default=32, help="most rows decoded at once")
     p.add_argument("--device", default="auto", **argument(Device), help="auto: cuda > mps > cpu")
-    p.add_argument("--dtype", default="auto", **argument(Dtype), help="auto: bfloat16 (or float16) on GPUs, "
-                                                                    "float32 on CPU and MPS")
+    p.add_argument("--dtype", default="auto", **argument(Dtype),
+                   help="auto: bfloat16 (or float16) on GPUs, float32 on CPU and MPS")
     p.add_argument("--threads", type=integer.within(">= 0"), default=0,
                    help="CPU threads; 0 = 1 for small models (n_embd <= 256), else torch's default")
     p.add_argument("--compile", action="store_true",
@@ -229,23 +229,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UserError(re.sub(r"--ckpt(/--out-dir)?\b", "--out-dir" if out_dir else "--ckpt", str(e))) from None
 
 
-def check_args(args: argparse.Namespace) -> None:
-    bad = {  # the numbers' ranges are their parser's
-        "--stop must not be empty": "" in args.stop,
-        "an empty --config, --init-from, --prompt-file or --show-attention names nothing": "" in (
-            args.config, args.init_from, args.prompt_file, args.show_attention),
-        # without a suffix plot_attention adds .png: beside the folder, not in it
-        f"--show-attention {args.show_attention} is a folder; give a .png file path": bool(
-            args.show_attention) and os.path.isdir(args.show_attention),
-    }
-    if failed := [message for message, is_bad in bad.items() if is_bad]:
-        raise UserError(failed[0])
-
-
 def run(args: argparse.Namespace) -> None:
     from training.runtime import set_threads, setup
 
-    check_args(args)
+    # empty or folder-valued paths; the numbers' ranges are their parser's
+    if "" in args.stop:
+        raise UserError("--stop must not be empty")
+    if "" in (args.config, args.init_from, args.prompt_file, args.show_attention):
+        raise UserError("an empty --config, --init-from, --prompt-file or --show-attention names nothing")
+    # without a suffix plot_attention adds .png: beside the folder, not in it
+    if args.show_attention and os.path.isdir(args.show_attention):
+        raise UserError(f"--show-attention {args.show_attention} is a folder; give a .png file path")
     stops = [unescape(s) for s in args.stop]
     prompts = read_prompts(args)
     if args.show_attention and len(prompts) > 1:

@@ -18,15 +18,13 @@ def main(argv: list[str] | None = None) -> int:
     from configs.cli import ArgumentParser, integer
     from data.manifest import read_manifest
 
-    parser = ArgumentParser(prog="python -m model", description=__doc__)
-    parser.add_argument("--config", default="small", metavar="NAME|FILE|RUN_DIR",
-                        help=f"a preset ({', '.join(available_configs())}), a .toml file or a run directory")
-    parser.add_argument("--batch-size", type=integer.within(">= 1"), default=1, help="rows of the dummy input")
-    parser.add_argument("--seq-len", type=integer.within(">= 1"),
-                        help="tokens per row (default: the config's block_size)")
-    parser.add_argument("--blocks", type=integer.within(">= 0"), default=1,
-                        help="how many blocks to show module by module")
-    args = parser.parse_args(argv)
+    p = ArgumentParser(prog="python -m model", description=__doc__)
+    p.add_argument("--config", default="small", metavar="NAME|FILE|RUN_DIR",
+                   help=f"a preset ({', '.join(available_configs())}), a .toml file or a run directory")
+    p.add_argument("--batch-size", type=integer.within(">= 1"), default=1, help="rows of the dummy input")
+    p.add_argument("--seq-len", type=integer.within(">= 1"), help="tokens per row (default: the config's block_size)")
+    p.add_argument("--blocks", type=integer.within(">= 0"), default=1, help="how many blocks to show module by module")
+    args = p.parse_args(argv)
     import torch
 
     from . import GPT
