@@ -51,6 +51,7 @@ from training.runtime import Runtime, setup
 
 def forward_backward(train_model: torch.nn.Module, loader: GlobalBatchLoader, rt: Runtime) -> torch.Tensor:
     """Accumulate gradients over this rank's micro-batches of the next step; returns its mean loss (a tensor).
+
     Under DDP only the last micro-step all-reduces the gradients (no_sync on the others)."""
     loss_sum = torch.zeros((), device=rt.device)
     batches = loader.next_step()
