@@ -284,9 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     planning.add_argument("--plan", action=Flag, help="print parameters, FLOPs, memory per GPU and time")
     planning.add_argument("--gpu", help="the GPU to plan for (default h100; a100-40gb, 4090, ...)")
     planning.add_argument("--nproc", type=integer.within(">= 1"), help="GPUs (DDP processes; default 1)")
-    planning.add_argument("--mfu", type=number.within("(0, 1]"),
+    planning.add_argument("--mfu", type=number.within("[0.001, 1]"),  # below 0.1%, a plan's days have no meaning
                           help=f"the model FLOPs utilisation assumed (default {DEFAULT_MFU})")
     cfg, args = parse_config(parser, argv)
+    if args.gpu == "":
+        raise UserError("--gpu names nothing; give a GPU (h100, a100-40gb, 4090, ...) or leave it out for h100")
     if args.plan:
         print(plan_report(cfg, vocab_size(cfg), args.gpu or "h100", args.nproc or 1, args.mfu or DEFAULT_MFU))
         return 0

@@ -118,6 +118,8 @@ class TrainConfig:
             raise UserError(f"--min-lr ({self.min_lr}) must not exceed --lr ({self.lr}); lower --min-lr")
         if not self.data_root or not self.dataset:  # "" would prepare into the working directory
             raise UserError("--data-root and --dataset must not be empty")
+        if self.name in ("", ".", "..") or "/" in self.name:  # out/<name> would be out/ itself or outside it
+            raise UserError(f"--name {self.name!r}: a run's name is one folder name under out/; pick another")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The network this config describes: the fields GPTConfig shares; vocab_size 0 takes the argument."""
@@ -163,6 +165,11 @@ ONLY_WITH = dict.fromkeys(("muon_lr", "muon_momentum"), ("optimizer", ("muon",))
 
 def check_typed(cfg: TrainConfig, typed: Iterable[str]) -> None:
     """Refuse a typed flag that cfg's other values leave without effect (ONLY_WITH), naming what would give it one."""
+    if cfg.resume and (other := next((f for f in ("init_from", "eval_only") if f in typed), None)):
+        raise UserError(f"--resume continues this run's training, which {_flag(other)} does not; drop one of them")
+    if "warmup_iters" in typed and cfg.warmup_iters > cfg.max_iters:
+        raise UserError(f"--warmup-iters {cfg.warmup_iters} is longer than the run (--max-iters {cfg.max_iters}): "
+                        "it would end before reaching --lr; lower --warmup-iters")
     for name in typed:
         other, acting = ONLY_WITH.get(name, ("", ()))
         if other and getattr(cfg, other) not in acting:
@@ -214,6 +221,9 @@ def config_file(path: Path) -> TrainConfig:
         raise UserError(f"{path}: expected an object of TrainConfig fields, got {type(data).__name__}")
     if path.suffix == ".json":  # a run's settings, not its place: training again must not write into it
         data = {k: v for k, v in data.items() if k not in ("out_dir", "resume")}
+    if "base" in data and data["base"] not in available_configs() and Path(str(data["base"])).exists():  # named_config would list the presets as the fix
+        raise UserError(f"{path}: base takes a preset ({', '.join(available_configs())}), not a path; to start "
+                        f"from a run's settings use --config {data['base']}")
     base = named_config(str(data.pop("base"))) if "base" in data else BASE
     values = {}
     for key, value in data.items():
@@ -272,6 +282,9 @@ def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> t
     args = vars(parser.parse_args(argv, Namespace(**dict.fromkeys(FIELDS, untyped))))
     typed = {k: v for k in FIELDS if (v := args.pop(k)) is not untyped}
     cfg = replace(base, **typed)
+    run = Path(config).parent if Path(config).name == "config.json" else Path(config)
+    if cfg.resume and "out_dir" not in typed and (run / "config.json").is_file():  # --config RUN_DIR: that run
+        cfg = replace(cfg, out_dir=str(run))
     cfg = cfg if cfg.out_dir else replace(cfg, out_dir=f"out/{cfg.name}")
     if cfg.resume and (saved := cfg.run_dir / "config.json").is_file():  # the run's settings, unless typed again
         cfg = replace(config_file(saved), **typed | {"resume": True, "out_dir": cfg.out_dir})

@@ -438,6 +438,27 @@ def test_bad_input_of_the_second_pass_is_one_line_and_changes_nothing(tmp_path, 
         capsys, model_main, ["--config", str(tmp_path / "huge.toml"), "--batch-size", "1000000"])
 
 
+def test_bad_input_of_the_third_pass_is_one_line(tmp_path, data_root, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # --name '..' wrote the run into the working directory, '' into out/ itself
+    for name in ("..", "", "a/b"):
+        assert "a run's name is one folder name under out/" in fails(capsys, train.main, [
+            "--config", "tiny", "--name", name, "--data-root", str(data_root), "--max-iters", "2"])
+    assert not list(tmp_path.iterdir())
+    for flag in (["--init-from", "gpt2"], ["--eval-only"]):  # each was silently dropped
+        assert f"--resume continues this run's training, which {flag[0]} does not" in fails(
+            capsys, train.main, args(tmp_path / "r", data_root, "--resume", *flag))
+    assert "--warmup-iters 100 is longer than the run (--max-iters 2)" in fails(
+        capsys, train.main, args(tmp_path / "w", data_root, "--warmup-iters", "100"))  # it trained at lr ~0
+    assert "--mfu: expects a number in [0.001, 1]" in fails(capsys, train.main, ["--plan", "--mfu", "1e-300"])
+    assert "--gpu names nothing" in fails(capsys, train.main, ["--plan", "--gpu", ""])  # it planned for an h100
+    assert train.main(args(tmp_path / "run", data_root, "--eval-interval", "1")) == 0
+    (tmp_path / "b.toml").write_text(f'base = "{tmp_path / "run"}"\n')
+    assert f"base takes a preset (finetune_gpt2, gpt2, shakespeare_gpu, small, tiny), not a path; to start from a " \
+           f"run's settings use --config {tmp_path / 'run'}" in fails(capsys, train.main, ["--config", str(tmp_path / "b.toml")])
+    cfg = load_config(str(tmp_path / "run"), ["--resume", "--max-iters", "4"])  # it resumed out/tiny instead
+    assert cfg.run_dir == tmp_path / "run" and cfg.resume
+
+
 def test_a_run_stopped_in_its_first_eval_names_no_best_pt(tmp_path, data_root, monkeypatch, capsys):
     evaluate = train.evaluate
 
