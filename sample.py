@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import torch
 
-from configs import Device, Dtype, load_config
+from configs import Device, Dtype, available_configs, load_config
 from configs.cli import ArgumentParser, argument, integer, number, seed
 from configs.errors import UserError, entry_point
 
@@ -129,7 +129,9 @@ def load(args: argparse.Namespace):
     from model.checkpoint import find_checkpoint
     from model.hf import load_pretrained, pretrained_manifest
 
-    where = load_config(args.config).run_dir if args.config else args.ckpt
+    where = load_config(args.config).run_dir if args.config else args.ckpt  # load_config: checks --config
+    if args.config not in (None, *available_configs()) and (given := Path(args.config)).suffix != ".toml":
+        where = given if given.is_dir() else given.parent  # a run (its dir or config.json) is sampled where it is
     model, ckpt, path = load_pretrained(args.init_from or find_checkpoint(where, best=True))
     tok = tokenizer_from_manifest(pretrained_manifest(path, ckpt))
     train_config = (ckpt or {}).get("train_config")
@@ -195,7 +197,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--ckpt", "--out-dir", dest="ckpt", metavar="DIR|FILE",
                      help="run dir or ckpt.pt file (default: out/small)")
-    src.add_argument("--config", metavar="NAME", help="the run dir of this training config (small: out/small)")
+    src.add_argument("--config", metavar="NAME|RUN_DIR", help="a training config's run dir (small: out/small), or a run dir")
     src.add_argument("--init-from", metavar="NAME|DIR",
                      help="a GPT-2 hub id (gpt2, gpt2-medium, user/repo), a Hugging Face GPT-2 dir or a run dir")
     p.add_argument("--prompt", action="append", metavar="TEXT", help="prompt text (repeatable); - reads stdin")
@@ -240,6 +242,8 @@ def run(args: argparse.Namespace) -> None:
     # without a suffix plot_attention adds .png: beside the folder, not in it
     if args.show_attention and os.path.isdir(args.show_attention):
         raise UserError(f"--show-attention {args.show_attention} is a folder; give a .png file path")
+    if args.layer and not args.show_attention:
+        raise UserError("--layer applies to --show-attention; add it or drop --layer")
     stops = [unescape(s) for s in args.stop]
     prompts = read_prompts(args)
     if args.show_attention and len(prompts) > 1:
@@ -296,9 +300,6 @@ def write_samples(args: argparse.Namespace, prompts: list[str], decode: Callable
 def main(argv: list[str] | None = None) -> int:
     try:
         run(parse_args(argv))
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
     except BrokenPipeError:  # `python sample.py | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

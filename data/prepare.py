@@ -71,6 +71,12 @@ def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: st
                           ("--streaming", streaming)) if v]
     if hub and not hf:  # else silently ignored
         raise UserError(f"{', '.join(hub)}: for --hf datasets only; drop {'them' if len(hub) > 1 else 'it'}")
+    if hf and Path(hf).is_file():  # else taken for a hub id, with advice to download it from the hub
+        raise UserError(f"--hf {hf} is a file; --hf takes a dataset directory or hub id: give a text file to --text, "
+                        "a parquet, jsonl, json or csv file to --files")
+    if hf and Path(hf).is_dir() and (local := [f for f in hub if f in ("--revision", "--streaming")]):  # else ignored
+        raise UserError(f"{', '.join(local)}: for hub datasets; {hf} is a local folder, read as it is; "
+                        f"drop {'them' if len(local) > 1 else 'it'}")
     if text_column != "text" and not (hf or files):
         raise UserError("--text-column: for --hf datasets and --files with columns (parquet, jsonl, json, csv); "
                         "drop it")

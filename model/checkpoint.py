@@ -53,6 +53,8 @@ def find_checkpoint(path: str | Path | None = None, best: bool = False) -> Path:
     if p.name == CKPT_NAME and (run / BEST_NAME).is_file():  # what --resume asks for, of a run that kept only best.pt
         raise UserError(f"{run} has {BEST_NAME} but no {CKPT_NAME} to resume; fine-tune from it with --init-from "
                         f"{run}, or copy {run / BEST_NAME} to {p} to resume from there")
+    if (run / "train.bin").is_file():  # data.prepare's output: training into it is refused, so say what it is
+        raise UserError(f"{run} is a prepared dataset, not a run; give a run directory or a .pt file")
     train = f"--config {run.name}" if run == Path("out", run.name) else f"--config small --out-dir {run}"
     runs = sorted(str(c.parent) for c in Path("out").glob(f"*/{CKPT_NAME}"))
     hint = f" (runs with a checkpoint: {', '.join(runs)})" if runs else ""

@@ -127,3 +127,11 @@ def test_random_bytes_are_not_called_code_and_a_truncated_file_is_one_short_line
     with pytest.raises(UserError, match="corrupt or not a checkpoint") as e:
         load_checkpoint(tmp_path)
     assert len(str(e.value)) < 250 and "miniz" not in str(e.value), str(e.value)
+
+
+def test_a_prepared_dataset_is_not_taken_for_a_run_to_train_into(tmp_path):
+    for name in ("manifest.json", "train.bin", "val.bin"):  # what data.prepare writes
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(UserError, match=rf"^{tmp_path} is a prepared dataset, not a run; give a run directory or a "
+                                        r"\.pt file$"):  # was: no checkpoint at ...; train one first: ... --out-dir
+        find_checkpoint(tmp_path, best=True)

@@ -640,3 +640,18 @@ def test_datasets_is_quiet_only_while_it_reads(tmp_path):
     with pytest.raises(UserError, match="could not read"):
         prep.prepare(files=[tmp_path / "bad.jsonl"], tokenizer="char", out_root=tmp_path / "out", verbose=False)
     assert logging.getLogger("datasets").level == level
+
+
+def test_hf_given_a_file_or_a_local_folder_with_hub_only_flags_is_refused(tmp_path, monkeypatch, network_calls):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "some").mkdir()
+    (tmp_path / "some/file.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    with pytest.raises(UserError, match=r"^--hf some/file.jsonl is a file; --hf takes a dataset directory or hub id: "
+                                        r"give a text file to --text, a parquet, jsonl, json or csv file to --files$"):
+        prep.prepare(hf="some/file.jsonl", out_root=tmp_path, verbose=False)  # was: hf download some/file.jsonl ...
+    for flags, says in (({"revision": "v1"}, "--revision"), ({"revision": "v1", "streaming": True},
+                                                             "--revision, --streaming")):
+        with pytest.raises(UserError, match=rf"^{says}: for hub datasets; some is a local folder, read as it is; "
+                                            r"drop (it|them)$"):  # was: ignored, exit 0
+            prep.prepare(hf="some", tokenizer="char", out_root=tmp_path / "out", verbose=False, **flags)
+    assert network_calls == []

@@ -422,3 +422,12 @@ def test_exported_files_all_take_the_umask(tmp_path):
 @pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="not a git checkout")
 def test_the_export_examples_target_is_ignored_by_git():
     assert subprocess.run(["git", "check-ignore", "-q", "exported/small/model.safetensors"], cwd=REPO).returncode == 0
+
+
+def test_export_of_a_prepared_dataset_says_what_it_is(tmp_path, capsys):
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    for name in ("manifest.json", "train.bin", "val.bin"):
+        (ds / name).write_bytes(b"")
+    assert main(["export", str(ds), str(tmp_path / "hf")]) == 2  # was: no checkpoint at ...; train one first
+    assert capsys.readouterr().err == f"error: {ds} is a prepared dataset, not a run; give a run directory or a .pt file\n"

@@ -313,3 +313,31 @@ def test_a_huge_num_samples_streams_without_building_its_rows_first(capsys):
         resource.setrlimit(resource.RLIMIT_AS, limits)
     assert chunks == [[0] * 3] * 2 and peak < 2**20
     assert capsys.readouterr().out == "".join(f"--- sample {k}/1000000000 ---\nAx\n" for k in (1, 2, 3))
+
+
+def test_config_given_a_run_dir_or_its_config_json_samples_that_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    run = make_run(tmp_path / "x")  # config.json says tiny: its default run dir, out/tiny, does not exist
+    write_json(run / "config.json", sample.load_config("tiny").to_dict())
+    for config in (run, run / "config.json"):  # was: no checkpoint at out/tiny/ckpt.pt
+        assert sample.main(["--config", str(config), "--prompt", "A", "--max-new-tokens", "3", "--seed", "0"]) == 0
+        assert capsys.readouterr().out.startswith("A")
+
+
+def test_layer_without_show_attention_is_refused_not_ignored(tmp_path, capsys):
+    argv = ["--ckpt", str(make_run(tmp_path)), "--prompt", "A", "--max-new-tokens", "2"]
+    assert sample.main([*argv, "--layer", "5"]) == 2
+    assert capsys.readouterr().err == "error: --layer applies to --show-attention; add it or drop --layer\n"
+    assert sample.main([*argv, "--layer", "0"]) == 0 and capsys.readouterr().out.startswith("A")
+
+
+def test_ctrl_c_while_streaming_ends_the_text_and_prints_the_shared_line(tmp_path, monkeypatch, capsys):
+    from configs.errors import INTERRUPTED
+
+    def decode(*_, on_text, **__):
+        on_text(0, "xy")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sample, "generate_texts", decode)
+    assert sample.main(["--ckpt", str(make_run(tmp_path)), "--prompt", "A"]) == 130
+    assert capsys.readouterr() == ("Axy", INTERRUPTED + "\n")  # was: err "\n" only
