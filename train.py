@@ -169,7 +169,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if cfg.eval_only:
             return eval_only(cfg, rt)
         # only rank 0 writes the run dir; its lock keeps a second run out
-        with lock_run_dir(cfg.run_dir) if rt.is_master else contextlib.nullcontext(), \
+        with lock_run_dir(cfg.run_dir, fresh=not cfg.resume) if rt.is_master else contextlib.nullcontext(), \
                 StopSignal(escalate=not rt.ddp) as stop, rt.peer_failures():
             run = start_run(cfg, rt, t_start)
             stopped = None
@@ -178,12 +178,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             except KeyboardInterrupt:  # a second Ctrl-C
                 stopped = "quit"
             finally:
+                stop.hold = True  # past the loop a second Ctrl-C only marks a quit: the plot and summary still run
                 run.train_model = None  # the DDP wrapper holds the process group: rt.close() ends it
                 run.held.close()
                 if run.log is not None:
                     run.log.plot()  # a crash or nan: still draw what was logged
                     run.log.close(exit_code=exit_code(stopped) if stopped else 1)  # None: it failed
-            return finish(run, stopped, t_start, stop)
+            return finish(run, "quit" if stop.quit else stopped, t_start, stop)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if op := re.match(r"(\S+) does not have a deterministic implementation", str(e)):  # a GPU kernel
             raise UserError(f"--deterministic: {op[1]} has no deterministic kernel on {rt.device}; drop "

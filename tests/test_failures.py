@@ -127,7 +127,7 @@ def test_show_attention_to_an_unwritable_path_is_one_line(tmp_path, data_root, c
 
 
 @pytest.fixture
-def two_processes(tmp_path, data_root):
+def two_processes(tmp_path, data_root, tmp_path_factory):
     """tiny training as 2 processes (gloo), started as torchrun would and in step; yields them
     and a function returning a process's output. --ddp-timeout 8: long enough for rank 0's
     first eval on a busy machine, short enough for a test."""
@@ -138,7 +138,8 @@ def two_processes(tmp_path, data_root):
            "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
     cmd = [sys.executable, "train.py", *args(tmp_path, data_root, "--max-iters", "100000", "--eval-interval",
                                              "100000", "--dtype", "float32", "--ddp-timeout", "8")]
-    logs = [open(tmp_path / f"rank{r}.log", "w+") for r in (0, 1)]
+    logs_dir = tmp_path_factory.mktemp("logs")  # not the run dir: a fresh run refuses files it does not write
+    logs = [open(logs_dir / f"rank{r}.log", "w+") for r in (0, 1)]
     ranks = [subprocess.Popen(cmd, cwd=ROOT, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=logs[r],
                               stderr=subprocess.STDOUT) for r in (0, 1)]
     try:
@@ -510,3 +511,44 @@ def test_empty_values_and_hub_only_options_are_refused_not_ignored(tmp_path, dat
         line = fails(capsys, prepare_main, [*source, "--text-column", "body", "--out-root", str(tmp_path)])
         assert line.startswith("error: --text-column: ") and line.endswith("; drop it")
     assert not list(tmp_path.glob("a*/"))
+
+
+TINY = ("--max-iters", "3", "--eval-interval", "2", "--eval-iters", "1")
+
+
+def test_a_failed_resume_keeps_the_runs_settings(tmp_path, data_root, capsys):
+    assert train.main(args(tmp_path, data_root, *TINY)) == 0
+    before = (tmp_path / "config.json").read_bytes()
+    line = fails(capsys, train.main, args(tmp_path, data_root, *TINY, "--resume", "--max-iters", "6", "--lr", "1e30"))
+    assert "loss became nan" in line and "stopped without saving" in line
+    assert (tmp_path / "config.json").read_bytes() == before  # a plain --resume would read lr 1e30 back
+    assert train.main(args(tmp_path, data_root, *TINY, "--resume", "--max-iters", "4")) == 0
+    assert json.loads((tmp_path / "config.json").read_text())["max_iters"] == 4  # saved with its checkpoint
+
+
+def test_a_fresh_run_refuses_a_folder_of_something_else(tmp_path, data_root, capsys):
+    export = tmp_path / "export"  # what `python -m model.hf export` writes
+    export.mkdir()
+    for name in ("model.safetensors", "config.json", "manifest.json", "tokenizer.json", "tokenizer_config.json"):
+        (export / name).write_text(f"the export's {name}")
+    before = {p.name: p.read_bytes() for p in export.iterdir()}
+    line = fails(capsys, train.main, args(export, data_root, *TINY))
+    assert line == (f"error: --out-dir {export} holds files a run does not write (model.safetensors, tokenizer.json, "
+                    "tokenizer_config.json); pick another --out-dir")
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == before  # no .lock either
+    ours = tmp_path / "ours"  # an earlier run of ours that failed before saving: trains over it
+    ours.mkdir()
+    for name in ("config.json", "manifest.json", "metrics.jsonl", "loss.png", ".lock", ".ckpt.pt.123.tmp", ".DS_Store"):
+        (ours / name).write_text("")
+    (ours / "wandb").mkdir()
+    assert train.main(args(ours, data_root, *TINY)) == 0
+
+
+def test_a_split_shorter_than_a_block_is_refused_before_the_run_dir_gets_a_file(tmp_path, capsys):
+    root = tmp_path / "prepared"
+    root.mkdir()
+    prepare_text(root, "mini", SHAKESPEARE[:5000])  # 500 val tokens
+    line = fails(capsys, train.main, args(tmp_path / "run", root, *TINY, "--dataset", "mini", "--block-size", "1000"))
+    assert sorted(p.name for p in (tmp_path / "run").glob("*")) == []  # it left config.json, loss.png, metrics.jsonl
+    assert line == "error: val split of mini is shorter than one block (1001 tokens); lower --block-size"
+    assert not (tmp_path / "run").exists()

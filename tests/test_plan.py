@@ -198,3 +198,27 @@ def test_out_of_memory_in_training_is_one_line_and_keeps_the_checkpoint(error, t
     assert "ckpt.pt" in saved and saved == {p.name: p.read_bytes() for p in tmp_path.glob("*.pt")}
     assert plan.out_of_memory(RuntimeError("an unrelated bug"), "cpu") is None  # keeps its traceback
     assert "kept" not in str(plan.out_of_memory(error, "cpu", tmp_path / "none.pt"))  # no checkpoint: none claimed
+
+
+@pytest.mark.parametrize("n_embd, message", [
+    (2**28, r"this run needs about [\d,.]+ GiB \(the plan: --plan\) but the cpu has [\d.]+ GiB available; use "),
+    (2**31 - 1, r"this model is too big to plan, let alone train \(Storage size calculation overflowed with sizes=\["
+                r"6442450941, 2147483647\]\); use a smaller --n-embd, --n-layer or --vocab-size$")],
+    ids=["probe", "overflow"])
+def test_a_model_too_big_for_the_attention_probe_is_one_line(tmp_path, data_root, n_embd, message):
+    """setup()'s attention-kernel probe allocated 8 x n_embd values before the plan could refuse the run."""
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+    cmd = [sys.executable, "train.py", *run_args(tmp_path, data_root, "--n-embd", str(n_embd), "--n-head", "1",
+                                                  "--max-iters", "1")]
+    proc = subprocess.run(cmd, cwd=Path(train.__file__).parent, capture_output=True, text=True, timeout=120,
+                          preexec_fn=limit, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    line = one_error_line(proc.stderr)
+    assert proc.returncode == 2 and re.search(message, line), line
+    assert not (tmp_path / "ckpt.pt").exists()

@@ -594,3 +594,27 @@ def test_ctrl_c_during_data_prepare_is_one_line_and_keeps_the_dataset(tmp_path):
                        lambda pid: (tmp_path / ".ds.tmp").exists())  # the rebuild beside the dataset started
     assert (code, err.strip()) == (130, "interrupted; nothing was changed")
     assert (before / "manifest.json").read_text() == manifest and not (tmp_path / ".ds.tmp").exists()
+
+
+def test_a_second_ctrl_c_after_the_save_still_names_the_checkpoint_kept(tmp_path, data_root, monkeypatch, capsys):
+    from training.runlog import RunLog
+    forward, plot, steps = GPT.forward, RunLog.plot, []
+
+    def pressed(self, idx, targets=None, **kw):
+        steps.append(self.training)
+        if steps.count(True) == 4 and self.training:
+            os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C, during step 4: save, eval, plot
+        return forward(self, idx, targets, **kw)
+
+    def pressed_again(self, force=True):  # the final plot, ~0.1 s after the save: where the second one landed
+        if force:
+            os.kill(os.getpid(), signal.SIGINT)
+        plot(self, force)
+
+    monkeypatch.setattr(GPT, "forward", pressed)
+    monkeypatch.setattr(RunLog, "plot", pressed_again)
+    assert train.main(["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--out-dir", str(tmp_path),
+                       "--data-root", str(data_root)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"quit at step 4; kept {tmp_path / 'ckpt.pt'} (step 4)"
+    assert "nothing was changed" not in err and load_checkpoint(tmp_path)["step"] == 4

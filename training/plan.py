@@ -63,8 +63,12 @@ def count(model: torch.nn.Module, cfg: TrainConfig) -> Counts:
 
 
 def meta_model(cfg: TrainConfig, vocab_size: int) -> GPT:
-    with torch.device("meta"):
-        return GPT(cfg.model_config(vocab_size))
+    try:
+        with torch.device("meta"):
+            return GPT(cfg.model_config(vocab_size))
+    except RuntimeError as e:  # a weight of more bytes than an int64 counts: no plan, no device holds it
+        raise UserError(f"this model is too big to plan, let alone train ({first_line(e)}); use a smaller "
+                        "--n-embd, --n-layer or --vocab-size") from None
 
 
 def activation_bytes(mc: GPTConfig, batch: int, seq: int, low_precision: bool, compiled: bool) -> int:

@@ -135,9 +135,6 @@ def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime
                 _, loss = model(x, y)
             total += loss.float() * y.numel()  # weight by tokens: the last batch may be short
             count += y.numel()
-        if count == 0:
-            raise UserError(f"{split} split of {cfg.dataset} is shorter than one block "
-                            f"({cfg.block_size + 1} tokens); lower --block-size")
         out[f"{split}_loss"] = total.item() / count
     model.train()
     return out
@@ -233,6 +230,9 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     held = hold_dataset(ds_dir)  # a prepare of it now would change what later evals read: refuse it
     manifest = read_dataset_manifest(ds_dir)
     tokenizer_from_manifest(manifest)  # fails now, not at the end-of-run sample, if it cannot be built
+    if short := [s for s in ("val", "train") if manifest[f"{s}_tokens"] <= cfg.block_size]:  # not at the first eval
+        raise UserError(f"{short[0]} split of {cfg.dataset} is shorter than one block "
+                        f"({cfg.block_size + 1} tokens); lower --block-size")
     if cfg.resume and not is_checkpoint(run_dir) and not (run_dir / BEST_NAME).is_file():
         raise UserError(f"--resume: no checkpoint at {run_dir / CKPT_NAME}; drop --resume to start this run")
     ckpt = load_checkpoint(run_dir / CKPT_NAME) if cfg.resume else None
@@ -282,7 +282,8 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
 def announce(run: Run, resumed: bool) -> None:
     """Write config.json and manifest.json, print what runs where, start wandb."""
     cfg, rt, st = run.cfg, run.rt, run.state
-    write_json(run.run_dir / "config.json", cfg.to_dict())
+    if not resumed:  # a resume's settings replace the run's with its first checkpoint (save): it may fail before
+        write_json(run.run_dir / "config.json", cfg.to_dict())
     write_json(run.run_dir / "manifest.json", run.manifest)
     print(f"config {cfg.name}: {cfg.summary()}")
     print(f"{run.model.num_params() / 1e6:.2f}M params | {run.tokens_per_step} tokens/step = "
@@ -320,10 +321,12 @@ def save(run: Run) -> None:
         "scaler": run.rt.scaler.state_dict(), "step": st.step, "loader": run.loader.state_dict(),
         "rng": capture_rng_state(), "best_val": st.best_val, "wandb_id": st.wandb_id,
         "manifest": run.manifest})
+    write_json(run.run_dir / "config.json", run.cfg.to_dict())  # what --resume reads: the settings of this ckpt.pt
     st.saved_at = st.step
 
 
 LOCK_NAME = ".lock"
+RUN_FILES = (CKPT_NAME, BEST_NAME, "config.json", "manifest.json", "metrics.jsonl", "loss.png")  # and "wandb"
 
 
 def _remove_if_unused(created: list[Path]) -> None:
@@ -334,12 +337,13 @@ def _remove_if_unused(created: list[Path]) -> None:
                 path.rmdir() if path.is_dir() else path.unlink()
 
 
-def lock_run_dir(run_dir: str | Path) -> contextlib.ExitStack:
+def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitStack:
     """Create run_dir and lock it for this process: a second run on it fails at once instead of
     mixing its files with ours. Keep the returned lock open for the run; closing it releases the
     lock, and so does the process ending in any way (flock locks die with their process, so a
     kill -9 leaves no stale lock). Temp files left by killed saves are removed here; a `with` block
-    that fails before the run wrote anything removes what this call created."""
+    that fails before the run wrote anything removes what this call created. A fresh run refuses a
+    folder holding files a run does not write (hidden ones aside): it would overwrite an exported model's."""
     import fcntl
 
     run_dir = Path(run_dir)
@@ -348,14 +352,19 @@ def lock_run_dir(run_dir: str | Path) -> contextlib.ExitStack:
     created = [p for p in (run_dir / LOCK_NAME, run_dir, *run_dir.parents) if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        links = sorted(p.name for p in run_dir.iterdir() if p.is_symlink())
-        lock = None if links else open(run_dir / LOCK_NAME, "a+")
+        held = sorted(os.listdir(run_dir))
+        links = [name for name in held if (run_dir / name).is_symlink()]
+        foreign = [name for name in held if fresh and name not in (*RUN_FILES, "wandb") and name[0] != "."]
+        lock = None if links or foreign else open(run_dir / LOCK_NAME, "a+")
     except OSError as e:
         what = "is a file, not a directory" if run_dir.is_file() else f"cannot be written ({e.strerror}: {e.filename})"
         raise UserError(f"--out-dir {run_dir} {what}; pick another --out-dir") from None
-    if lock is None:  # writing through them would change files outside the run dir
+    if links:  # writing through them would change files outside the run dir
         raise UserError(f"{run_dir} holds symbolic links ({', '.join(links)}); a run writes only inside its out "
                         "dir: remove them or pick another --out-dir")
+    if foreign:
+        raise UserError(f"--out-dir {run_dir} holds files a run does not write ({', '.join(foreign[:3])}"
+                        f"{', ...' * (len(foreign) > 3)}); pick another --out-dir")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -368,8 +377,7 @@ def lock_run_dir(run_dir: str | Path) -> contextlib.ExitStack:
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     # Every writer of this directory holds the lock, so these temp files' writers are dead.
-    stale = [p for name in (CKPT_NAME, BEST_NAME, "config.json", "manifest.json", "loss.png")
-             for p in run_dir.glob(f".{name}.*.tmp") if p.is_file()]  # atomic_write's, not the user's
+    stale = [p for name in RUN_FILES for p in run_dir.glob(f".{name}.*.tmp") if p.is_file()]  # atomic_write's
     for p in stale:
         p.unlink(missing_ok=True)
     if stale:

@@ -221,8 +221,10 @@ def attention_kernel(cfg: Any, rt: Runtime) -> str:
     shapes (it weighs capability, dtype, head size and dropout; on sm90 it may prefer cuDNN)."""
     if cfg.attention == "explicit" or rt.device_type == "mps":  # MPS has one SDPA kernel
         return "explicit attention" if cfg.attention == "explicit" else "SDPA"
-    q = torch.zeros(1, cfg.n_head, 8, cfg.n_embd // cfg.n_head, device=rt.device, dtype=rt.dtype, requires_grad=True)
-    try:  # a private query: where a build lacks it, the line just omits the kernel
+    # a private query: where a build lacks it, or the memory for q (check_fits then refuses the run), no kernel named
+    try:
+        q = torch.zeros(1, cfg.n_head, 8, cfg.n_embd // cfg.n_head, device=rt.device, dtype=rt.dtype,
+                        requires_grad=True)
         choice = torch._fused_sdp_choice(q, q, q, is_causal=True, dropout_p=cfg.dropout)
     except (AttributeError, RuntimeError, NotImplementedError):
         return "SDPA"
