@@ -538,7 +538,8 @@ def test_a_fresh_run_refuses_a_folder_of_something_else(tmp_path, data_root, cap
     assert {p.name: p.read_bytes() for p in export.iterdir()} == before  # no .lock either
     ours = tmp_path / "ours"  # an earlier run of ours that failed before saving: trains over it
     ours.mkdir()
-    for name in ("config.json", "manifest.json", "metrics.jsonl", "loss.png", ".lock", ".ckpt.pt.123.tmp", ".DS_Store"):
+    for name in ("config.json", "manifest.json", "metrics.jsonl", "loss.png", ".lock", ".ckpt.pt.123.tmp", ".DS_Store",
+                 "train.log"):
         (ours / name).write_text("")
     (ours / "wandb").mkdir()
     assert train.main(args(ours, data_root, *TINY)) == 0

@@ -354,7 +354,8 @@ def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitSta
         run_dir.mkdir(parents=True, exist_ok=True)
         held = sorted(os.listdir(run_dir))
         links = [name for name in held if (run_dir / name).is_symlink()]
-        foreign = [name for name in held if fresh and name not in (*RUN_FILES, "wandb") and name[0] != "."]
+        foreign = [name for name in held if fresh and name not in (*RUN_FILES, "wandb") and name[0] != "."
+                   and not name.endswith(".log")]  # `| tee out/x/train.log` creates its file first
         lock = None if links or foreign else open(run_dir / LOCK_NAME, "a+")
     except OSError as e:
         what = "is a file, not a directory" if run_dir.is_file() else f"cannot be written ({e.strerror}: {e.filename})"
