@@ -266,7 +266,7 @@ def finish(run: Run, stopped: str, t_start: float, stop: StopSignal) -> dict[str
         if (run_dir / BEST_NAME).is_file() else ""  # none when stopped before its first eval finished
     print(f"checkpoint {result['checkpoint']} (latest, for --resume)\n{best}"
           f"metrics    {result['metrics']}\nloss curve {result['plot']}")
-    if run.cfg.sample_tokens:
+    if run.cfg.sample_tokens and not stop.name:  # a stop signal asked for an end now, not a sample first
         sample = stop.cut_short(lambda: sample_text(run))
         if sample is None:
             result["stopped"] = stop.name
@@ -291,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu == "":
         raise UserError("--gpu names nothing; give a GPU (h100, a100-40gb, 4090, ...) or leave it out for h100")
     if args.plan:
+        if cfg.init_from:  # its architecture is known only once its weights load
+            print(f"note: this plans the config's shape, not --init-from {cfg.init_from}'s; type its --n-layer, "
+                  "--n-head and --n-embd to plan that", file=sys.stderr)
         print(plan_report(cfg, vocab_size(cfg), args.gpu or "h100", args.nproc or 1, args.mfu or DEFAULT_MFU))
         return 0
     if given := [f"--{k}" for k in ("gpu", "nproc", "mfu") if getattr(args, k) is not None]:  # else ignored

@@ -204,6 +204,12 @@ def named_config(name: str) -> TrainConfig:
     return replace(cfg, name=name)
 
 
+def config_file_keys(path: Path) -> set[str]:
+    import tomllib  # here, not at the top: Python < 3.11 can still run the named configs
+
+    return set(tomllib.loads(path.read_text()))
+
+
 def config_file(path: Path) -> TrainConfig:
     """A TOML file of field values (base = "<preset>" to start from one, else from BASE), or a
     run's config.json (written by train.py as cfg.to_dict()); a run directory means its config.json."""
@@ -289,6 +295,11 @@ def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> t
     if cfg.resume and (saved := cfg.run_dir / "config.json").is_file():  # the run's settings, unless typed again
         cfg = replace(config_file(saved), **typed | {"resume": True, "out_dir": cfg.out_dir})
     check_typed(cfg, typed)
+    if Path(config).suffix == ".toml":  # its fields were set by hand as well
+        try:
+            check_typed(cfg, config_file_keys(Path(config)) - set(typed))
+        except UserError as e:
+            raise UserError(f"{config}: {e}") from None
     return cfg, Namespace(**args)
 
 

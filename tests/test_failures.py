@@ -456,6 +456,13 @@ def test_bad_input_of_the_third_pass_is_one_line(tmp_path, data_root, capsys, mo
     (tmp_path / "b.toml").write_text(f'base = "{tmp_path / "run"}"\n')
     assert f"base takes a preset (finetune_gpt2, gpt2, shakespeare_gpu, small, tiny), not a path; to start from a " \
            f"run's settings use --config {tmp_path / 'run'}" in fails(capsys, train.main, ["--config", str(tmp_path / "b.toml")])
+    for field, line in [("muon_lr = 0.5", "--muon-lr does nothing without --optimizer muon"),
+                        ("warmup_iters = 50", "--warmup-iters 50 is longer than the run")]:  # as flags: refused
+        (tmp_path / "t.toml").write_text(f'base = "tiny"\n{field}\n')
+        assert fails(capsys, train.main, ["--config", str(tmp_path / "t.toml")]).startswith(
+            f"error: {tmp_path / 't.toml'}: {line}")
+    assert train.main(["--plan", "--init-from", str(tmp_path / "run")]) == 0  # it planned small's shape, unsaid
+    assert "note: this plans the config's shape, not --init-from" in capsys.readouterr().err
     cfg = load_config(str(tmp_path / "run"), ["--resume", "--max-iters", "4"])  # it resumed out/tiny instead
     assert cfg.run_dir == tmp_path / "run" and cfg.resume
 

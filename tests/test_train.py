@@ -534,6 +534,26 @@ def test_a_second_ctrl_c_during_the_save_lets_it_finish_then_quits_in_one_line(t
     assert load_checkpoint(tmp_path)["step"] == 4 and not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_during_training_skips_the_end_of_run_sample(tmp_path, data_root, monkeypatch, capsys, sig):
+    trunk, decoded, steps = GPT.trunk, [], []
+
+    def stopped_at_step_5(self, *a, **kw):
+        if kw.get("kv_cache") is not None:  # a decoding step of the sample
+            decoded.append(1)
+        elif torch.is_grad_enabled():  # a training step
+            steps.append(1)
+            if len(steps) == 5:
+                os.kill(os.getpid(), sig)
+        return trunk(self, *a, **kw)
+
+    monkeypatch.setattr(GPT, "trunk", stopped_at_step_5)
+    assert train.main(["--config", "tiny", "--device", "cpu", "--sample-tokens", "200", "--out-dir", str(tmp_path),
+                       "--data-root", str(data_root)]) == 128 + sig
+    assert decoded == []  # a scheduler waited for all 200 tokens
+    assert f"stopped at step 5 ({sig.name})" in capsys.readouterr().out and load_checkpoint(tmp_path)["step"] == 5
+
+
 def test_sigterm_during_the_end_of_run_sample_stops_it_and_says_the_run_is_saved(tmp_path, data_root, monkeypatch,
                                                                                 capsys):
     trunk, decoded = GPT.trunk, []
