@@ -174,7 +174,9 @@ def _split_point(n: int, val_fraction: float) -> int:
     """Where val starts in n characters or tokens: its last val_fraction, neither part empty."""
     cut = int(n * (1 - val_fraction))
     if cut == 0 or cut == n:
-        raise UserError(f"corpus is too small to split ({n} tokens with --val-fraction {val_fraction}); give more text")
+        part = "val" if cut == n else "train"  # a tiny --val-fraction empties val, one near 1 empties train
+        raise UserError(f"--val-fraction {val_fraction} of {n} tokens leaves {part} empty; give more text or a "
+                        "--val-fraction nearer 0.1")
     return cut
 
 

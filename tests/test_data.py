@@ -285,8 +285,12 @@ def test_empty_or_tiny_corpus(tmp_path):
     with pytest.raises(UserError, match="has no text"):
         prep.prepare(text=tmp_path / "docs", out_root=tmp_path / "out", verbose=False)
     (tmp_path / "tiny.txt").write_text("x")
-    with pytest.raises(UserError, match="too small to split"):
+    with pytest.raises(UserError, match="leaves (val|train) empty"):
         prep.prepare(text=tmp_path / "tiny.txt", out_root=tmp_path / "out", verbose=False)
+    (tmp_path / "some.txt").write_text("some text " * 100)
+    with pytest.raises(UserError, match="--val-fraction 1e-300 of 1000 tokens leaves val empty"):  # "give more text"
+        prep.prepare(text=tmp_path / "some.txt", tokenizer="char", val_fraction=1e-300, out_root=tmp_path / "out",
+                     verbose=False)
     assert not any(p.is_file() for p in (tmp_path / "out").rglob("*"))
 
 
