@@ -178,7 +178,8 @@ def text_source(path: str | os.PathLike) -> Source:
         return Source(label=where, description={"kind": "text_folder", "path": str(path), "files": len(files)},
                       documents=lambda: _read_texts(files, where), sha256=hash_files(files),
                       total=len(files))
-    raise UserError(f"no such file or folder: {path}; give --text a text file or a folder of text files")
+    what = f"{path} is not a regular file (a device or a pipe)" if path.exists() else f"no such file or folder: {path}"
+    raise UserError(f"{what}; give --text a text file or a folder of text files")
 
 
 def files_source(paths: Iterable[str | os.PathLike], text_column: str = "text") -> Source:
