@@ -55,6 +55,9 @@ def find_checkpoint(path: str | Path | None = None, best: bool = False) -> Path:
                         f"{run}, or copy {run / BEST_NAME} to {p} to resume from there")
     if (run / "train.bin").is_file():  # data.prepare's output: training into it is refused, so say what it is
         raise UserError(f"{run} is a prepared dataset, not a run; give a run directory or a .pt file")
+    if any((run / w).is_file() for w in ("model.safetensors", "pytorch_model.bin")):  # e.g. model.hf export's output
+        raise UserError(f"{run} is an exported Hugging Face model, not a run; load it with transformers, or "
+                        f"fine-tune from it with `python train.py --init-from {run}`")
     train = f"--config {run.name}" if run == Path("out", run.name) else f"--config small --out-dir {run}"
     runs = sorted(str(c.parent) for c in Path("out").glob(f"*/{CKPT_NAME}"))
     hint = f" (runs with a checkpoint: {', '.join(runs)})" if runs else ""

@@ -37,7 +37,7 @@ _ARCH_FLAGS = {"pos_emb": "--pos-emb learned", "norm": "--norm layernorm", "acti
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 # From a hub repo: config, generation config, tokenizer and weights, not its TF/Flax/ONNX copies.
 _HUB_FILES = ["*.json", "*.safetensors"]
-GPT2_MANIFEST = {"tokenizer": "gpt2", "vocab_size": 50257}  # the tokenizer of a HF dir we did not write
+GPT2_MANIFEST = {"tokenizer": "gpt2", "vocab_size": 50257, "eot_id": 50256}  # the tokenizer of a HF dir we did not write
 # what an export writes: anything else in an earlier export is the user's, and exporting again refuses
 _EXPORT_FILES = {"config.json", "generation_config.json", "manifest.json", "model.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "vocab.json", "merges.txt"}

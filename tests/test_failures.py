@@ -560,3 +560,14 @@ def test_a_split_shorter_than_a_block_is_refused_before_the_run_dir_gets_a_file(
     assert sorted(p.name for p in (tmp_path / "run").glob("*")) == []  # it left config.json, loss.png, metrics.jsonl
     assert line == "error: val split of mini is shorter than one block (1001 tokens); lower --block-size"
     assert not (tmp_path / "run").exists()
+
+
+def test_resume_after_the_dataset_was_rebuilt_from_other_text_is_refused(tmp_path, capsys):
+    root, run = tmp_path / "prepared", tmp_path / "run"
+    root.mkdir()
+    prepare_text(root, "mini", SHAKESPEARE[:3000])
+    assert train.main(args(run, root, "--dataset", "mini", "--block-size", "8")) == 0
+    prepare_text(root, "mini", SHAKESPEARE[:3000][::-1])  # the same characters and length, other text
+    line = fails(capsys, train.main, args(run, root, "--dataset", "mini", "--block-size", "8", "--resume",
+                                          "--max-iters", "4"))
+    assert f"cannot resume {run}: dataset mini was rebuilt from other text since this run started; use --init-from" in line

@@ -431,3 +431,27 @@ def test_export_of_a_prepared_dataset_says_what_it_is(tmp_path, capsys):
         (ds / name).write_bytes(b"")
     assert main(["export", str(ds), str(tmp_path / "hf")]) == 2  # was: no checkpoint at ...; train one first
     assert capsys.readouterr().err == f"error: {ds} is a prepared dataset, not a run; give a run directory or a .pt file\n"
+
+
+def test_init_from_a_hf_folder_on_data_of_another_tokenizer_is_refused(tmp_path, capsys):
+    (tmp_path / "abc.txt").write_text("abcdefghijk\n" * 400)  # 12 characters; the export below knows 65
+    prepare(text=tmp_path / "abc.txt", tokenizer="char", name="abc", out_root=tmp_path, verbose=False)
+    export = export_run(random_run(tmp_path / "run", "char", 65), tmp_path / "export")
+    hf_tiny(vocab=50257).save_pretrained(tmp_path / "gpt2")  # no manifest.json: GPT-2 BPE's ids
+    for source, says in [(export, "(vocab_size 65 -> 12, chars -"), (tmp_path / "gpt2", "(tokenizer 'gpt2' -> 'char'")]:
+        for extra in ([], ["--eval-only"]):
+            assert train.main(["--config", "tiny", "--device", "cpu", "--max-iters", "2", "--block-size", "8",
+                               "--sample-tokens", "0", "--dataset", "abc", "--data-root", str(tmp_path), "--out-dir",
+                               str(tmp_path / "ft"), "--init-from", str(source), *extra]) == 2, (source, extra)
+            err = capsys.readouterr().err
+            assert f"{source} was trained with another vocabulary than dataset abc's {says}" in err
+            assert err.count("error:") == 1 and ("--dataset t" in err) == (source == export)
+
+
+def test_an_export_given_as_a_run_says_what_it_is(tmp_path, capsys):
+    export = export_run(random_run(tmp_path / "run", "char", 65), tmp_path / "export")
+    says = f"{export} is an exported Hugging Face model, not a run; load it with transformers, or fine-tune"
+    assert main(["export", str(export), str(tmp_path / "again")]) == 2
+    assert says in capsys.readouterr().err
+    assert sample.main(["--ckpt", str(export), "--max-new-tokens", "2"]) == 2
+    assert says in capsys.readouterr().err

@@ -27,7 +27,7 @@ from data.tokenfile import read_tokens
 from data.tokenizer import tokenizer_from_manifest
 from model.checkpoint import BEST_NAME, CKPT_NAME, is_checkpoint, load_checkpoint, model_from_checkpoint, save_checkpoint
 from model.gpt import GPT
-from model.hf import load_pretrained
+from model.hf import load_pretrained, pretrained_manifest
 from training.optim import configure_optimizer
 from training.plan import auto_batch_size, check_fits
 from training.reference import Reference
@@ -43,18 +43,22 @@ def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -
     """The GPT for this run: the resumed checkpoint's, --init-from weights, or fresh from cfg.
     Weights from a checkpoint or a pretrained model bring their architecture (cfg's model fields
     are updated to match and the difference is printed); dropout always comes from cfg."""
-    vocab_size, src = manifest["vocab_size"], ckpt
+    vocab_size, trained_on = manifest["vocab_size"], ckpt and ckpt.get("manifest")
     if ckpt is not None:
         source: str | Path = cfg.run_dir / CKPT_NAME
         model = model_from_checkpoint(ckpt, source, dropout=cfg.dropout)
     elif cfg.init_from:
         model, src, source = load_pretrained(cfg.init_from, dropout=cfg.dropout)
+        # a HF folder's ids mean text too: our export's manifest.json says whose; without one, GPT-2 BPE's
+        # if it has that many rows (a smaller vocabulary is someone's own: only its size can be checked)
+        trained_on = src.get("manifest") if src is not None else pretrained_manifest(source, None) \
+            if (source / "manifest.json").is_file() or model.config.vocab_size >= 50257 else None
     else:
         source, model = "", GPT(cfg.model_config(vocab_size))
-    if src is not None and src.get("manifest") and (changes := differences(src["manifest"], manifest, VOCABULARY)):
+    if trained_on and (changes := differences(trained_on, manifest, VOCABULARY)):
         raise UserError(f"{source} was trained with another vocabulary than dataset {cfg.dataset}'s "
                         f"({', '.join(changes)}): its token ids would mean other text; use data of its tokenizer"
-                        + (f" (--dataset {src['manifest']['name']})" if src["manifest"].get("name") else ""))
+                        + (f" (--dataset {trained_on['name']})" if trained_on.get("name") else ""))
     mc = model.config
     if mc.vocab_size < vocab_size:  # a fresh model's comes from --vocab-size: say how to fix that
         what, fix = (f"the vocabulary of {source} ({mc.vocab_size})", "use a dataset with the model's tokenizer") \
@@ -104,6 +108,10 @@ def check_resumable(cfg: TrainConfig, ckpt: dict, path: Path, manifest: dict[str
         raise UserError(f"cannot resume {path}: dataset {cfg.dataset} was prepared again since it was saved "
                         f"({', '.join(changes)}), so its token ids mean other text; prepare the data it trained "
                         "on again, or train afresh without --resume")
+    old_sha = ckpt["manifest"].get("sha256")  # same alphabet and length can still be other text: ids mean other words
+    if old_sha and manifest.get("sha256") and old_sha != manifest["sha256"]:
+        raise UserError(f"cannot resume {path}: dataset {cfg.dataset} was rebuilt from other text since this run "
+                        f"started; use --init-from {path} to fine-tune on it, or prepare the old text again to resume")
     ignore = {"resume", "init_from", *ARCH_FIELDS}  # the checkpoint's architecture wins anyway
     if changes := [f"{k} {saved[k]!r} -> {v!r}" for k, v in cfg.to_dict().items()
                    if k in saved and k not in ignore and saved[k] != v]:
