@@ -107,7 +107,10 @@ def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: st
         source = dataset_source(hf, subset, split, text_column, streaming, revision)  # type: ignore[arg-type]
         stem = Path(hf).resolve().name if Path(hf).is_dir() else hf.replace("/", "_")  # type: ignore[arg-type]
         stem += f"_{subset}" if subset else ""
-    return source, tokenizer, name or (stem + ("_char" if tokenizer == "char" else ""))
+    name = name or (stem + ("_char" if tokenizer == "char" else ""))
+    if name in PRESETS:  # a run asking for the preset would rebuild it from the bundled text over this one
+        raise UserError(f"{name!r} is a preset's name; pass another --name for this text")
+    return source, tokenizer, name
 
 
 def _reusable(out_dir: Path, source: Source, tokenizer: str, val_fraction: float) -> dict[str, Any] | None:

@@ -266,6 +266,8 @@ def test_token_files_of_another_preparation_are_refused(tmp_path):
     (dict(name="tinystories"), r"unknown dataset preset 'tinystories'; presets: shakespeare_char, shakespeare"),
     (dict(text="no/such/file.txt"), r"no such file or folder: no/such/file.txt"),
     (dict(text="/dev/null"), r"/dev/null is not a regular file \(a device or a pipe\)"),  # was "no such file"
+    # a run asking for shakespeare_char rebuilt it from the bundled text over this one
+    (dict(text=str(Path(__file__)), tokenizer="char", name="shakespeare_char"), r"'shakespeare_char' is a preset's name"),
     (dict(files=["no/such.parquet"]), r"no such file: no/such.parquet"),
     (dict(name="shakespeare", tokenizer="char"), r"uses tokenizer 'gpt2'"),
     (dict(text=".", tokenizer="bpe"), r"unknown tokenizer 'bpe'"),
