@@ -47,6 +47,9 @@ def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
             if e.code not in (0, None):
                 raise
             return 0
+        finally:  # a script's work is done: Ctrl-C in the interpreter's exit would be a traceback from atexit
+            if main.__module__ == "__main__":
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     return wrapper
 

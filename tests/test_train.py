@@ -601,6 +601,19 @@ def test_ctrl_c_while_a_script_imports_is_one_line(tmp_path, command, library):
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
 
 
+def test_after_a_scripts_main_returns_ctrl_c_is_ignored(monkeypatch):
+    from configs.errors import entry_point
+
+    def main():
+        return 0
+
+    monkeypatch.setattr(main, "__module__", "__main__")  # as when run as a script
+    monkeypatch.setattr(signal, "signal", lambda sig, handler: calls.append((sig, handler)))
+    calls = []
+    assert entry_point(main)() == 0  # a Ctrl-C ~10 ms after data.prepare finished hit torch's atexit: a traceback
+    assert calls == [(signal.SIGINT, signal.SIG_IGN)]
+
+
 def test_ctrl_c_during_data_prepare_is_one_line_and_keeps_the_dataset(tmp_path):
     from data.prepare import prepare
 
