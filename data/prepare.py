@@ -307,8 +307,11 @@ def dataset_dir(name: str, root: str | os.PathLike = DEFAULT_ROOT) -> Path:
     if name in PRESETS:
         return prepare(name, out_root=root)
     path = Path(root) / name
-    if (path / "manifest.json").is_file():
+    if (path / "manifest.json").is_file() and (path / "train.bin").is_file():
         return path
+    if (path / "manifest.json").is_file():  # runs and exports keep a copy of their dataset's manifest
+        raise UserError(f"{path} has no train.bin: a run's or an exported model's folder, not a prepared dataset; "
+                        "give --dataset a dataset's name")
     root = "" if Path(root) == DEFAULT_ROOT else f" --out-root {root}"
     raise UserError(f"dataset {name!r} is neither a preset ({', '.join(PRESETS)}) nor prepared in {path}; prepare it "
                     f"first: python -m data.prepare --text PATH (or --files FILE ..., --hf DATASET) --name {name}{root}")

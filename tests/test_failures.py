@@ -453,6 +453,8 @@ def test_bad_input_of_the_third_pass_is_one_line(tmp_path, data_root, capsys, mo
     assert "--mfu: expects a number in [0.001, 1]" in fails(capsys, train.main, ["--plan", "--mfu", "1e-300"])
     assert "--gpu names nothing" in fails(capsys, train.main, ["--plan", "--gpu", ""])  # it planned for an h100
     assert train.main(args(tmp_path / "run", data_root, "--eval-interval", "1")) == 0
+    assert f"{tmp_path / 'run'} has no train.bin: a run's or an exported model's folder" in fails(
+        capsys, train.main, args(tmp_path / "x", tmp_path, "--dataset", "run"))  # it said to run data.prepare
     (tmp_path / "b.toml").write_text(f'base = "{tmp_path / "run"}"\n')
     assert f"base takes a preset (finetune_gpt2, gpt2, shakespeare_gpu, small, tiny), not a path; to start from a " \
            f"run's settings use --config {tmp_path / 'run'}" in fails(capsys, train.main, ["--config", str(tmp_path / "b.toml")])
