@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import torch
 
-from configs import Device, Dtype, available_configs, load_config
+from configs import Device, Dtype, load_config, run_named
 from configs.cli import ArgumentParser, argument, integer, number, seed
 from configs.errors import UserError, entry_point
 
@@ -130,8 +130,8 @@ def load(args: argparse.Namespace):
     from model.hf import load_pretrained, pretrained_manifest
 
     where = load_config(args.config).run_dir if args.config else args.ckpt  # load_config: checks --config
-    if args.config not in (None, *available_configs()) and (given := Path(args.config)).suffix != ".toml":
-        where = given if given.is_dir() else given.parent  # a run (its dir or config.json) is sampled where it is
+    if args.config and (run := run_named(args.config)):  # a run (its dir or config.json) is sampled where it is
+        where = run
     model, ckpt, path = load_pretrained(args.init_from or find_checkpoint(where, best=True))
     tok = tokenizer_from_manifest(pretrained_manifest(path, ckpt))
     train_config = (ckpt or {}).get("train_config")

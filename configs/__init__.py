@@ -227,9 +227,10 @@ def config_file(path: Path) -> TrainConfig:
         raise UserError(f"{path}: expected an object of TrainConfig fields, got {type(data).__name__}")
     if path.suffix == ".json":  # a run's settings, not its place: training again must not write into it
         data = {k: v for k, v in data.items() if k not in ("out_dir", "resume")}
-    if "base" in data and data["base"] not in available_configs() and Path(str(data["base"])).exists():  # named_config would list the presets as the fix
+    preset = str(data.get("base", ""))
+    if preset and preset not in available_configs() and Path(preset).exists():  # named_config would list presets
         raise UserError(f"{path}: base takes a preset ({', '.join(available_configs())}), not a path; to start "
-                        f"from a run's settings use --config {data['base']}")
+                        f"from a run's settings use --config {preset}")
     base = named_config(str(data.pop("base"))) if "base" in data else BASE
     values = {}
     for key, value in data.items():
@@ -242,6 +243,13 @@ def config_file(path: Path) -> TrainConfig:
         except ArgumentTypeError as e:
             raise UserError(f"{path}: {key} {e}") from None
     return replace(base, **{"name": path.stem} | values)
+
+
+def run_named(config: str) -> Path | None:
+    """The run directory a --config value names (the folder or its config.json; a preset first), else None."""
+    path = Path(config)
+    run = path.parent if path.name == "config.json" else path
+    return run if config not in available_configs() and (run / "config.json").is_file() else None
 
 
 def resolve_config(config: str) -> TrainConfig:
@@ -288,8 +296,7 @@ def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> t
     args = vars(parser.parse_args(argv, Namespace(**dict.fromkeys(FIELDS, untyped))))
     typed = {k: v for k in FIELDS if (v := args.pop(k)) is not untyped}
     cfg = replace(base, **typed)
-    run = Path(config).parent if Path(config).name == "config.json" else Path(config)
-    if cfg.resume and "out_dir" not in typed and (run / "config.json").is_file():  # --config RUN_DIR: that run
+    if cfg.resume and "out_dir" not in typed and (run := run_named(config)):  # --config RUN_DIR: that run
         cfg = replace(cfg, out_dir=str(run))
     cfg = cfg if cfg.out_dir else replace(cfg, out_dir=f"out/{cfg.name}")
     if cfg.resume and (saved := cfg.run_dir / "config.json").is_file():  # the run's settings, unless typed again

@@ -1,7 +1,8 @@
 """Files written whole or not at all: a temporary file beside the target, fsync, then rename.
 
 os.replace is atomic within a filesystem, so a reader (or a crash, or a full disk) sees the old
-file or the new one, never half of one; swap_dir does the same for a folder of files.
+file or the new one, never half of one; swap_dir does the same for a folder of files. is_dataset tells
+a prepared dataset's folder from a run's or an export's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from configs.errors import UserError
+
+
+def is_dataset(folder: str | Path) -> bool:
+    """Whether folder is data.prepare's output: runs and exports keep a manifest.json too, not the token files."""
+    return (Path(folder) / "manifest.json").is_file() and (Path(folder) / "train.bin").is_file()
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:

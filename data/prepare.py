@@ -41,7 +41,7 @@ import numpy as np
 from configs.cli import ArgumentParser, Flag, integer, number, one_of
 from configs.errors import UserError, entry_point
 
-from .files import swap_dir, write_errors, write_json
+from .files import is_dataset, swap_dir, write_errors, write_json
 from .manifest import read_dataset_manifest
 from .sources import Source, dataset_source, files_source, split_name, text_source
 from .tokenfile import VERSION, dtype_for_vocab, read_tokens, truncate_tokens, write_tokens
@@ -307,9 +307,9 @@ def dataset_dir(name: str, root: str | os.PathLike = DEFAULT_ROOT) -> Path:
     if name in PRESETS:
         return prepare(name, out_root=root)
     path = Path(root) / name
-    if (path / "manifest.json").is_file() and (path / "train.bin").is_file():
+    if is_dataset(path):
         return path
-    if (path / "manifest.json").is_file():  # runs and exports keep a copy of their dataset's manifest
+    if (path / "manifest.json").is_file():
         raise UserError(f"{path} has no train.bin: a run's or an exported model's folder, not a prepared dataset; "
                         "give --dataset a dataset's name")
     root = "" if Path(root) == DEFAULT_ROOT else f" --out-root {root}"

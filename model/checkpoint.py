@@ -22,7 +22,7 @@ import torch
 
 from configs.errors import UserError, first_line
 from configs.model import GPTConfig
-from data.files import atomic_write, write_errors
+from data.files import atomic_write, is_dataset, write_errors
 
 from .gpt import GPT
 
@@ -53,7 +53,7 @@ def find_checkpoint(path: str | Path | None = None, best: bool = False) -> Path:
     if p.name == CKPT_NAME and (run / BEST_NAME).is_file():  # what --resume asks for, of a run that kept only best.pt
         raise UserError(f"{run} has {BEST_NAME} but no {CKPT_NAME} to resume; fine-tune from it with --init-from "
                         f"{run}, or copy {run / BEST_NAME} to {p} to resume from there")
-    if (run / "train.bin").is_file():  # data.prepare's output: training into it is refused, so say what it is
+    if is_dataset(run):  # training into it is refused, so say what it is
         raise UserError(f"{run} is a prepared dataset, not a run; give a run directory or a .pt file")
     if any((run / w).is_file() for w in ("model.safetensors", "pytorch_model.bin")):  # e.g. model.hf export's output
         raise UserError(f"{run} is an exported Hugging Face model, not a run; load it with transformers, or "

@@ -19,7 +19,7 @@ import torch
 
 from configs import MODEL_FIELDS, TrainConfig
 from configs.errors import UserError
-from data.files import write_json
+from data.files import is_dataset, write_json
 from data.loader import GlobalBatchLoader, eval_batches
 from data.manifest import VOCABULARY, differences, read_dataset_manifest
 from data.prepare import dataset_dir, hold_dataset
@@ -49,10 +49,12 @@ def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -
         model = model_from_checkpoint(ckpt, source, dropout=cfg.dropout)
     elif cfg.init_from:
         model, src, source = load_pretrained(cfg.init_from, dropout=cfg.dropout)
+        if src is not None:
+            trained_on = src.get("manifest")
         # a HF folder's ids mean text too: our export's manifest.json says whose; without one, GPT-2 BPE's
         # if it has that many rows (a smaller vocabulary is someone's own: only its size can be checked)
-        trained_on = src.get("manifest") if src is not None else pretrained_manifest(source, None) \
-            if (source / "manifest.json").is_file() or model.config.vocab_size >= 50257 else None
+        elif (source / "manifest.json").is_file() or model.config.vocab_size >= 50257:
+            trained_on = pretrained_manifest(source, None)
     else:
         source, model = "", GPT(cfg.model_config(vocab_size))
     if trained_on and (changes := differences(trained_on, manifest, VOCABULARY)):
@@ -189,7 +191,9 @@ class Run:
     log: RunLog | None  # rank 0 only
     state: RunState
 
-    run_dir = property(lambda self: self.cfg.run_dir)
+    @property
+    def run_dir(self) -> Path:
+        return self.cfg.run_dir
 
     @property
     def tokens_per_step(self) -> int:
@@ -355,7 +359,7 @@ def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitSta
     import fcntl
 
     run_dir = Path(run_dir)
-    if (run_dir / "train.bin").is_file():  # a dataset's folder: its next rebuild would replace the run
+    if is_dataset(run_dir):  # its next rebuild would replace the run
         raise UserError(f"--out-dir {run_dir} holds a prepared dataset; pick another --out-dir")
     created = [p for p in (run_dir / LOCK_NAME, run_dir, *run_dir.parents) if not p.exists()]
     try:
