@@ -153,7 +153,7 @@ def log_progress(run: Run, window: list[tuple[float, float]], lr: float, grad_no
     mfu = run.model.flops_per_token(run.cfg.block_size) * tok_s / peak if peak else None
     loss = sum(v for v, _ in window) / len(window)
     run.log.log({"step": run.state.step, "loss": loss, "lr": lr, "tokens_per_s": round(tok_s, 1), "mfu": mfu,
-                 "grad_norm": grad_norm.item() if grad_norm is not None else None,
+                 "grad_norm": grad_norm.item() if grad_norm is not None else None, "threads": torch.get_num_threads(),
                  "time": round(time.time() - run.log.started, 3)})
     bar.set_postfix_str(f"loss {loss:.4f} lr {lr:.2e} {tok_s:,.0f} tok/s"
                         + (f" mfu {100 * mfu:.1f}%" if mfu is not None else ""), refresh=False)
@@ -209,6 +209,8 @@ def loop(run: Run, stop: StopSignal, t_start: float) -> str:
             budget.begin()
         while st.step < cfg.max_iters:
             t0 = time.perf_counter()
+            if rt.threads:
+                rt.threads.update()  # as many CPU threads as other processes leave cores idle
             multiplier = lr_multiplier(st.step, schedule_progress(st.step, cfg, budget), cfg)
             set_lr(run.optimizer, multiplier)
             loss = forward_backward(run.train_model, run.loader, rt)
@@ -250,7 +252,8 @@ def finish(run: Run, stopped: str, t_start: float, stop: StopSignal) -> dict[str
     st, run_dir = run.state, run.run_dir
     result = {"step": st.step, "stopped": stopped, "best_val": st.best_val, "elapsed": time.time() - t_start,
               "out_dir": str(run_dir), "checkpoint": str(run_dir / CKPT_NAME), "best": str(run_dir / BEST_NAME),
-              "metrics": str(run_dir / "metrics.jsonl"), "plot": str(run_dir / "loss.png"), **st.losses}
+              "metrics": str(run_dir / "metrics.jsonl"), "plot": str(run_dir / "loss.png"), **st.losses,
+              "device": run.rt.device, "dtype": str(run.rt.dtype).removeprefix("torch.")}
     if not run.rt.is_master:
         return result
     kept = f"kept {run_dir / CKPT_NAME} (step {st.saved_at})" if st.saved_at else "kept no checkpoint of this run"

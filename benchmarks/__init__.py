@@ -31,4 +31,9 @@ def stepper(model: Any, optimizer: Any, fwd: Any, pool: list, rt: Any, grad_clip
     from train import forward_backward, optimizer_step
 
     data = SimpleNamespace(next_step=itertools.cycle(pool).__next__)  # what forward_backward reads
-    return lambda: (forward_backward(fwd, data, rt), optimizer_step(model, optimizer, rt, grad_clip))[0]
+    def step() -> Any:
+        if rt.threads:
+            rt.threads.update()  # as train.py's loop does
+        return (forward_backward(fwd, data, rt), optimizer_step(model, optimizer, rt, grad_clip))[0]
+
+    return step

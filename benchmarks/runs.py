@@ -11,17 +11,18 @@ Other flags go to train.py. Wall time is the whole process's, start-up included:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import multiprocessing
 import os
 import platform
 import re
 import shlex
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,28 +43,32 @@ NANOGPT_CPU = ("--n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size
                "--tokens-per-step 0 --dtype float32 --eval-interval 250 --eval-iters 20 --log-interval 1").split()
 
 
-def _run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        # train.py's own one-line error says what to fix; a crash's last line says what broke
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("error: ")
-        raise UserError(f"{' '.join(cmd[1:4])} exited {proc.returncode}: {last}")
-    return proc.stdout
+def _train(argv: list[str]) -> dict[str, Any]:
+    """`python train.py ARGV` in a process of its own, so start-up counts as a user waits for it;
+    returns what train() returned. Its output is dropped: stdout is for the JSON lines."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_train_quietly, argv).result()
+
+
+def _train_quietly(argv: list[str]) -> dict[str, Any]:
+    import train  # the script, as a module: its train() returns the run's result
+
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+        return train.train(load_config(argv[1], argv[2:]))
 
 
 def _train_py(config: str, flags: list[str], score_whole_val: bool = False
-              ) -> tuple[float, str, list[dict[str, Any]], dict[str, Any]]:
-    """One `python train.py --config C --sample-tokens 0 <flags>`: (wall seconds, stdout, metrics.jsonl
-    records, config.json); score_whole_val: the last val_loss measured again on the whole val split."""
+              ) -> tuple[float, dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """One `python train.py --config C --sample-tokens 0 <flags>`: (wall seconds, train()'s result,
+    metrics.jsonl records, config.json); score_whole_val: its val_loss measured on the whole val split."""
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         t0 = time.perf_counter()
-        stdout = _run([sys.executable, "train.py", "--config", config, "--sample-tokens", "0", *flags, "--out-dir", tmp])
+        result = _train(["--config", config, "--sample-tokens", "0", *flags, "--out-dir", tmp])
         wall = time.perf_counter() - t0
         records = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
         if score_whole_val:
-            scored = _run([sys.executable, "train.py", "--config", tmp, "--eval-only", "--out-dir", tmp])
-            [r for r in records if "val_loss" in r][-1]["val_loss"] = float(re.search(r"val\s+loss (\S+)", scored).group(1))
-        return wall, stdout, records, json.loads((Path(tmp) / "config.json").read_text())
+            result["val_loss"] = _train(["--config", tmp, "--eval-only", "--out-dir", tmp])["val_loss"]
+        return wall, result, records, json.loads((Path(tmp) / "config.json").read_text())
 
 
 def add_time_to_loss_parser(sub: argparse._SubParsersAction) -> None:
@@ -82,11 +87,9 @@ def add_time_to_loss_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _timed_run(config: str, flags: list[str], score_whole_val: bool = False) -> dict[str, Any]:
-    wall, stdout, records, _ = _train_py(config, flags, score_whole_val)
-    last = [r for r in records if "val_loss" in r][-1]
-    stopped = re.search(r"stopped at step \d+ \((\w+)\) after (\S+)s", stdout)
-    return {"wall_s": round(wall, 2), "val_loss": round(last["val_loss"], 4), "steps": last["step"],
-            "stopped": stopped.group(1), "train_s": float(stopped.group(2))}
+    wall, result, _, _ = _train_py(config, flags, score_whole_val)
+    return {"wall_s": round(wall, 2), "val_loss": round(result["val_loss"], 4), "steps": result["step"],
+            "stopped": result["stopped"], "train_s": round(result["elapsed"], 2)}
 
 
 def bench_time_to_loss(args: argparse.Namespace) -> None:
@@ -137,9 +140,8 @@ def bench_reference(args: argparse.Namespace) -> None:
     seeds = list(range(first := load_config(args.config, args.extra).seed, first + args.seeds))
     runs, config, device = [], {}, ("", "")
     for seed in seeds:
-        wall, stdout, records, config = _train_py(args.config, [*args.extra, "--seed", str(seed)])
-        # train.py's first line is runtime.describe(): "cpu with bf16 instructions, bfloat16, fused AdamW, ..."
-        device = re.match(r"(\S+)[^,\n]*, (\w+)", stdout).groups()
+        wall, result, records, config = _train_py(args.config, [*args.extra, "--seed", str(seed)])
+        device = result["device"], result["dtype"]  # what the run's runtime chose
         runs.append(records)
         emit({"bench": "reference", "config": args.config, "seed": seed, "wall_s": round(wall, 2),
               "val_loss": round([r for r in records if "val_loss" in r][-1]["val_loss"], 4)})

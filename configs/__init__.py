@@ -92,9 +92,10 @@ class TrainConfig:
     dtype: Dtype = _field("auto", "autocast; auto: bfloat16 on GPUs that have it (else float16 with a grad "
                           "scaler) and on CPUs with bf16 instructions, else float32")
     compile: bool = _field(False, "torch.compile the model (slow start, faster steps on GPU)")
-    deterministic: bool = _field(False, "bit-identical repeats on a GPU too: deterministic kernels only (slower); "
-                                 "CPU runs already repeat exactly")
-    threads: int = _field(0, "CPU threads for torch; 0 = torch's default (all cores)")
+    deterministic: bool = _field(False, "bit-identical repeats: deterministic kernels only (slower on a GPU), and "
+                                 "a fixed CPU thread count")
+    threads: int = _field(0, "CPU threads for torch; 0 = as many as other processes leave cores idle, checked "
+                          "twice a second (results then depend on the load in the last bits)")
     seed: int = _field(1337, "seed of every random stream (each DDP rank adds its rank)")
     ddp_timeout: float = _field(600.0, "seconds a process waits for the others (at most a week: one silent for "
                                 "longer is hung); then a hung or stopped one ends the job", bounds="(0, 604800]")

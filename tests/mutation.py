@@ -25,6 +25,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from test_layout import tracked  # the project's files, as git would list them
+
 ROOT = Path(__file__).resolve().parent.parent
 # The core that issue 25 named: the model package, optimizer and schedule, time budget,
 # sampling (sample.py; the decoding loop and sample_next are in model/kv_cache.py), batch loader, tokenizers.
@@ -57,12 +59,6 @@ process_isolation=forkserver
 pytest_add_cli_args=
 {deselected}
 """
-
-
-def tracked() -> list[str]:
-    """The project's files: tracked by git, and new ones not ignored."""
-    ls = ["git", "ls-files", "--cached", "--others", "--exclude-standard"]
-    return subprocess.run(ls, cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
 
 
 def write_copy(work: Path) -> None:

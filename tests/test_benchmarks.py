@@ -1,10 +1,8 @@
 """Every command in benchmarks/' usage docstrings, run as written plus flags that shrink it to
 seconds (a repeated flag's last value wins), and the JSON lines it prints."""
 
-import contextlib
 import functools
 import importlib
-import io
 import json
 import math
 import pkgutil
@@ -41,16 +39,8 @@ def eager_compile(monkeypatch):
 
 @pytest.fixture
 def train_in_process(monkeypatch):
-    """runs._run's `python train.py ...` in this process: the same run, without importing torch again."""
-    import train
-
-    def run(cmd):
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            assert train.main(cmd[2:]) == 0
-        return out.getvalue()
-
-    monkeypatch.setattr(runs, "_run", run)
+    """runs._train's `python train.py ...` in this process: the same run, without importing torch again."""
+    monkeypatch.setattr(runs, "_train", runs._train_quietly)
 
 
 def test_every_documented_command_has_a_test():
@@ -158,10 +148,12 @@ def test_memory(capsys, data_root, command, shrink):
     assert 0.9 < r["ratio"] < 1.1 and r["measured_mb"] > 0
 
 
-def test_reference(capsys, data_root, train_in_process, tmp_path, monkeypatch):
+@pytest.mark.parametrize("cpu_bf16, dtype", [("0", "float32"), ("1", "bfloat16")])  # both CPU rows, on any CPU
+def test_reference(capsys, data_root, train_in_process, tmp_path, monkeypatch, cpu_bf16, dtype):
     from training import reference
 
     monkeypatch.setattr(reference, "REFERENCE_DIR", tmp_path)  # not the repo's configs/reference
+    monkeypatch.setenv("GPT_CPU_BF16", cpu_bf16)
     command = "python -m benchmarks reference --config small --seeds 5 --eval-interval 150 --threads 1"
     shrink = ("--config", "tiny", "--seeds", "2", "--max-iters", "4", "--eval-interval", "2", "--device", "cpu",
               "--data-root", str(data_root))
@@ -169,5 +161,5 @@ def test_reference(capsys, data_root, train_in_process, tmp_path, monkeypatch):
     assert [r["seed"] for r in seeds] == [1337, 1338] and wrote["wrote"] == str(tmp_path / "tiny.json")
     ref = reference.Reference.load(tmp_path / "tiny.json")
     assert ref.data["command"] == f"{command} {shlex.join(shrink)}" and ref.data["seeds"] == [1337, 1338]
-    assert ref.data["device"] == "cpu" and ref.data["dtype"] in ("float32", "bfloat16")
+    assert (ref.data["device"], ref.data["dtype"]) == ("cpu", dtype)
     assert ref.series("val_loss")["step"] == [0, 2, 4] and ref.data["final_val_loss"] == wrote["final_val_loss"]

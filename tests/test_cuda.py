@@ -35,6 +35,7 @@ def test_kv_cache_decoding_on_cuda_matches_recompute():
     assert torch.equal(cached, full)
 
 
+@pytest.mark.compiles
 def test_compiled_training_step_matches_eager_with_fused_adamw():
     from configs import load_config
     from training.optim import configure_optimizer
@@ -54,6 +55,7 @@ def test_compiled_training_step_matches_eager_with_fused_adamw():
     assert losses[True] == pytest.approx(losses[False], rel=1e-3)
 
 
+@pytest.mark.compiles
 def test_compiled_gpt2_training_step_peaks_within_15_percent_of_the_plan():
     """What --plan says a GPT-2-shaped compiled bf16 step needs is what it takes: the plan and the
     code cannot drift apart unseen (the plan was 44% low while compiling switched the attention)."""

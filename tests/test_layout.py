@@ -2,8 +2,10 @@
 
 import ast
 import functools
-import subprocess
+import os
 from pathlib import Path
+
+import pathspec
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP = {"model", "train.py", "sample.py", "data", "configs", "tests", "requirements.txt",  # the design card's
@@ -16,8 +18,19 @@ SCRIPT_FLOOR = 4
 
 
 def tracked() -> list[str]:
-    ls = ["git", "ls-files", "--cached", "--others", "--exclude-standard"]
-    return subprocess.run(ls, cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    """The project's files: the tree less what .gitignore ignores, as `git ls-files --cached --others
+    --exclude-standard` lists them, without asking git: a release archive has no .git, and a copy inside
+    another repository would get that one's answer."""
+    rules = [".git/", *(ROOT / ".gitignore").read_text().splitlines()]
+    if (exclude := ROOT / ".git" / "info" / "exclude").is_file():  # a checkout's own ignores, as git reads them
+        rules += exclude.read_text().splitlines()
+    ignored = pathspec.GitIgnoreSpec.from_lines(rules)
+    files = []
+    for folder, subfolders, names in os.walk(ROOT):
+        rel = Path(folder).relative_to(ROOT)
+        subfolders[:] = [d for d in subfolders if not ignored.match_file(f"{(rel / d).as_posix()}/")]  # not .venv's
+        files += [(rel / name).as_posix() for name in names if not ignored.match_file((rel / name).as_posix())]
+    return sorted(files)
 
 
 def modules() -> dict[str, Path]:

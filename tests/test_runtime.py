@@ -1,11 +1,18 @@
-"""runtime.choose's decision table on faked machines, and the first line that states it."""
+"""runtime.choose's decision table on faked machines, the CPU threads, and the first line that states them."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from configs import load_config
 from configs.errors import UserError
-from training.runtime import Machine, Runtime, attention_kernel, choose
+from training.runtime import CpuThreads, Machine, Runtime, attention_kernel, choose, cpu_times, probe
+
+ROOT = Path(__file__).resolve().parent.parent
 
 A100 = Machine(gpu="NVIDIA A100-SXM4-80GB", capability=(8, 0), gpu_bf16=True, triton=True)
 T4 = Machine(gpu="Tesla T4", capability=(7, 5), triton=True)  # bf16 only emulated
@@ -65,3 +72,106 @@ def test_attention_kernel_is_the_one_torch_picks():
     assert attention_kernel(cfg, rt) == "SDPA flash"
     assert attention_kernel(load_config("tiny", ["--dropout", "0.1"]), rt) == "SDPA math"
     assert attention_kernel(load_config("tiny", ["--attention", "explicit"]), rt) == "explicit attention"
+
+
+@pytest.mark.parametrize("forced, device, dtype", [("0", "cpu", "float32"), ("1", "cpu with bf16 instructions", "bfloat16")])
+def test_each_cpu_row_trains_end_to_end_whatever_this_cpu_has(tmp_path, data_root, forced, device, dtype):
+    """GPT_CPU_BF16 stands in for the probe's answer, so both CPU rows run here (and .ci/run runs the
+    whole suite again as a CPU without bf16 instructions)."""
+    cmd = [sys.executable, "train.py", "--config", "tiny", "--max-iters", "2", "--eval-interval", "2",
+           "--sample-tokens", "0", "--device", "cpu", "--data-root", str(data_root), "--out-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "GPT_CPU_BF16": forced}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0].split(", ")
+    assert (first[0], first[2], first[3]) == (device, dtype, "fused AdamW") and "thread" in first[1]
+    assert (tmp_path / "ckpt.pt").is_file() and '"threads": ' in (tmp_path / "metrics.jsonl").read_text()
+
+
+def test_the_probe_answer_can_be_forced_and_a_bad_value_is_one_line(monkeypatch):
+    for forced, has in (("0", False), ("1", True)):
+        monkeypatch.setenv("GPT_CPU_BF16", forced)
+        assert probe().cpu_bf16 is has
+    monkeypatch.setenv("GPT_CPU_BF16", "yes")
+    with pytest.raises(UserError, match="GPT_CPU_BF16='yes': use 0"):
+        probe()
+
+
+class Machine2Cores:
+    """cpu_times for a 2-core machine where `others` cores' worth of CPU goes to other processes and
+    the rest to this one, a second of it per look."""
+
+    def __init__(self) -> None:
+        self.clock = self.busy = self.own = 0.0
+        self.others = 0.0
+
+    def __call__(self, cpus):
+        assert cpus == {0, 1}
+        self.clock += 1.0
+        self.busy += min(2.0, self.others + torch.get_num_threads())
+        self.own += min(torch.get_num_threads(), 2.0 - self.others)
+        return self.clock, self.busy, self.own
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)  # torch's default here; the autouse fixture puts its own back
+    return Machine2Cores()
+
+
+def test_threads_start_at_one_and_follow_the_cores_others_leave_idle(two_cores):
+    threads = CpuThreads(read=two_cores)
+    assert torch.get_num_threads() == 1 and threads.describe() == "1-2 threads as cores are idle"
+    seen = []
+    for others in (0, 0, 1, 1, 0.4, 0.6, 2, 0):  # an idle machine, a busy process, a light and a heavy load
+        two_cores.others = others
+        threads.update()
+        seen.append(torch.get_num_threads())
+    assert seen == [2, 2, 1, 1, 2, 1, 1, 2]
+
+
+def test_a_look_waits_for_enough_clock_ticks(two_cores):
+    threads = CpuThreads(read=lambda cpus: (two_cores.clock, 0.0, 0.0))
+    two_cores.clock = CpuThreads.LOOK_S / 2
+    threads.update()
+    assert torch.get_num_threads() == 1  # too soon to tell
+    two_cores.clock = CpuThreads.LOOK_S
+    threads.update()
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("requested, env, deterministic, line", [
+    (1, {}, False, "1 thread"), (0, {"OMP_NUM_THREADS": "2"}, False, "2 threads"), (0, {}, True, "2 threads")])
+def test_a_count_asked_for_or_a_deterministic_run_stays_fixed(two_cores, monkeypatch, requested, env, deterministic,
+                                                             line):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if requested:
+        torch.set_num_threads(requested)  # what setup() does with --threads first
+    threads = CpuThreads(requested, fixed=deterministic, read=two_cores)
+    two_cores.others = 2
+    threads.update()
+    assert threads.describe() == line and torch.get_num_threads() == int(line[0])
+
+
+def test_without_proc_stat_the_count_is_torchs_default(two_cores):
+    def no_proc(cpus):
+        raise FileNotFoundError("/proc/stat")
+
+    assert CpuThreads(read=no_proc).describe() == "2 threads" and torch.get_num_threads() == 2
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux: /proc/stat")
+def test_cpu_times_reads_this_machines_counters():
+    cpus = os.sched_getaffinity(0)
+    (t0, busy0, own0), _ = cpu_times(cpus), sum(i * i for i in range(300_000))
+    t1, busy1, own1 = cpu_times(cpus)
+    assert t1 > t0 and busy1 >= busy0 and own1 > own0 and busy0 > 0
+
+
+def test_the_first_line_names_the_threads():
+    rt = Runtime(choose(OLD_CPU), torch.amp.GradScaler("cpu", enabled=False))
+    rt.threads = CpuThreads()
+    assert rt.describe() == "cpu, 1 thread, float32, fused AdamW, compile off"  # the autouse fixture's one thread

@@ -93,6 +93,7 @@ def test_cached_decoding_past_block_size_equals_a_fresh_forward_over_its_window(
     assert len(set(expected)) > 2  # not one repeated token
 
 
+@pytest.mark.compiles
 def test_compiled_decode_step_equals_eager_past_block_size():
     model = tiny_model()
     rows = [TOK.encode("ROMEO:"), TOK.encode("A")]  # left padding, and slides past block_size
@@ -138,6 +139,7 @@ def test_int8_linear_is_per_row_symmetric_int8_times_scale_plus_bias():
     assert model(x).abs().sum() == 0  # a hook on a swapped Linear still runs
 
 
+@pytest.mark.compiles
 def test_int8_weights_stay_within_tolerance_of_float32_and_compile_alike():
     from model.quantize import Int8Linear, quantize_int8
 

@@ -48,8 +48,8 @@ def test_exact_resume_then_sample(tmp_path, data_root):
     losses = records(tmp_path / "full", "loss")
     assert sorted(losses) == list(range(1, 21)) and losses == records(tmp_path / "half", "loss")
     recs = [json.loads(line) for line in open(tmp_path / "full" / "metrics.jsonl")]  # every record's keys
-    steps, evals = {"step", "loss", "lr", "tokens_per_s", "mfu", "grad_norm", "time"}, {"step", "train_loss",
-                                                                                       "val_loss", "time"}
+    steps = {"step", "loss", "lr", "tokens_per_s", "mfu", "grad_norm", "threads", "time"}
+    evals = {"step", "train_loss", "val_loss", "time"}
     assert [(r["step"], set(r)) for r in recs] == [(0, evals)] + [
         (s, k) for s in range(1, 21) for k in ([steps, evals] if s % 5 == 0 else [steps])]
     # the lr each step trained with: 2 warmup steps to 1e-3, then the cosine to 1e-4 at step 20

@@ -141,6 +141,8 @@ def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime
     for split in ("val", "train"):
         total, count = torch.zeros((), device=rt.device), 0
         for x, y in eval_batches(ds_dir / f"{split}.bin", cfg.block_size, batch_size, rt.device, max_batches=limit):
+            if rt.threads:
+                rt.threads.update()  # --eval-only has no training loop to do it
             with rt.autocast():
                 _, loss = model(x, y)
             total += loss.float() * y.numel()  # weight by tokens: the last batch may be short

@@ -19,6 +19,7 @@ import os
 import random
 import re
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -62,6 +63,11 @@ def probe(local_rank: int = 0) -> Machine:
     """Ask torch what this machine has (CUDA device `local_rank`, when there is CUDA)."""
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private: absent on some builds
     cpu_bf16 = any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+    # GPT_CPU_BF16=0 or 1 stands in for the answer, so one machine can test both CPU rows (.ci/run does).
+    if (forced := os.environ.get("GPT_CPU_BF16")) is not None:
+        if forced not in ("0", "1"):
+            raise UserError(f"GPT_CPU_BF16={forced!r}: use 0 (as if the CPU had no bf16 instructions), 1, or unset it")
+        cpu_bf16 = forced == "1"
     common = dict(mps=torch.backends.mps.is_available(), cpu_bf16=cpu_bf16)
     if not torch.cuda.is_available():
         return Machine(**common)
@@ -153,6 +159,7 @@ class Runtime:
     peak_flops: float | None = None  # per device
     attention: str = ""  # the kernel torch picks for the training step's attention, when known
     deterministic: bool = False  # --deterministic: kernels that give the same bits every run
+    threads: CpuThreads | None = None  # a CPU run's
 
     device = property(lambda self: self.choices.device)
     device_type = property(lambda self: self.choices.device_type)  # "cuda", "mps", "cpu": for torch.autocast
@@ -211,8 +218,9 @@ class Runtime:
         where = f"{self.world_size} processes x {p.device_type}" if self.ddp else p.device
         dtype = str(p.dtype).removeprefix("torch.") + (" + loss scaling" if p.loss_scaling else "")
         compiled = "compile on" if p.compile else f"compile off: {p.compile_off}" if p.compile_off else "compile off"
-        parts = [f"{where} {p.name}".strip(), dtype, "fused AdamW" if p.fused_adamw else "AdamW (not fused)",
-                 self.attention, compiled, "deterministic" if self.deterministic else ""]
+        parts = [f"{where} {p.name}".strip(), self.threads.describe() if self.threads else "", dtype,
+                 "fused AdamW" if p.fused_adamw else "AdamW (not fused)", self.attention, compiled,
+                 "deterministic" if self.deterministic else ""]
         return ", ".join(part for part in parts if part)
 
 
@@ -256,6 +264,57 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+def cpu_times(cpus: set[int]) -> tuple[float, float, float]:
+    """(a clock, the busy seconds of `cpus` since boot from /proc/stat, this process's CPU seconds)."""
+    busy = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *ticks = line.split()
+            if name[3:].isdigit() and name.startswith("cpu") and int(name[3:]) in cpus:
+                user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, ticks[:8])
+                busy += user + nice + system + irq + softirq + steal
+    return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), time.process_time()
+
+
+class CpuThreads:
+    """How many threads torch computes with on the CPU: as many as the cores other processes leave idle.
+
+    OpenMP's threads spin while they wait for each other. When another process holds one of their cores,
+    every parallel operation waits for a thread that is not running: a step of `small` took 2x as long
+    beside one busy process, and 200x beside a second run of it (docs/performance.md). So a run starts
+    on one thread, and every LOOK_S seconds counts the CPU time that other processes used on its cores
+    (/proc/stat's busy time less its own) and takes the cores they left idle, up to torch's default.
+    --threads N, OMP_NUM_THREADS and --deterministic fix the count instead: results depend on it in
+    the last bits, so only a fixed count repeats a run bit for bit. Off Linux the count is torch's default."""
+
+    LOOK_S = 0.5  # 50 clock ticks a core: enough to tell a busy core from an idle one
+
+    def __init__(self, requested: int = 0, fixed: bool = False, read: Any = cpu_times) -> None:
+        self.most, self.read = torch.get_num_threads(), read  # most: torch's default, OMP_NUM_THREADS or --threads
+        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+        self.fixed = fixed or bool(requested) or "OMP_NUM_THREADS" in os.environ or self.most == 1
+        try:
+            self.last = None if self.fixed else read(self.cpus)
+        except OSError:  # no /proc/stat: not Linux
+            self.fixed = True
+        if not self.fixed:
+            torch.set_num_threads(1)
+
+    def update(self) -> None:
+        """Called each step: once LOOK_S has passed, one thread per core that stayed more than half idle."""
+        if self.fixed:
+            return
+        now = self.read(self.cpus)
+        wall, busy, own = (a - b for a, b in zip(now, self.last))
+        if wall >= self.LOOK_S:
+            self.last = now
+            idle = len(self.cpus) - max(0.0, busy - own) / wall
+            torch.set_num_threads(max(1, min(self.most, round(idle))))
+
+    def describe(self) -> str:
+        return f"{self.most} thread{'s' * (self.most > 1)}" if self.fixed else f"1-{self.most} threads as cores are idle"
+
+
 def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: int | None = 1337,
           training: bool = True, ddp_timeout: float = 600.0) -> Runtime:
     """Decide device, precision and compilation, seed the RNGs, join the process group under
@@ -265,7 +324,7 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
     compile = False
     if cfg is not None:
         device, dtype, seed, compile, ddp_timeout = cfg.device, cfg.dtype, cfg.seed, cfg.compile, cfg.ddp_timeout
-        set_threads(cfg.threads)
+        set_threads(cfg.threads)  # a bad --threads fails before anything else is decided
         if cfg.deterministic:  # cuBLAS's fixed workspace, before any matmul: torch's reproducibility notes
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -287,6 +346,8 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
         if not (cfg.resume or cfg.init_from or cfg.eval_only):  # else the weights bring theirs: announce() says it
             rt.attention = attention_kernel(cfg, rt)
         rt.deterministic = cfg.deterministic
+        if rt.device_type == "cpu":
+            rt.threads = CpuThreads(cfg.threads, fixed=cfg.deterministic)
         torch.use_deterministic_algorithms(cfg.deterministic)  # an op without such a kernel then raises
     return rt
 
