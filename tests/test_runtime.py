@@ -98,19 +98,21 @@ def test_the_probe_answer_can_be_forced_and_a_bad_value_is_one_line(monkeypatch)
 
 
 class Machine2Cores:
-    """cpu_times for a 2-core machine where `others` cores' worth of CPU goes to other processes and
-    the rest to this one, a second of it per look."""
+    """CpuThreads' clock and cpu_times for a 2-core machine where `others` cores' worth of CPU goes to
+    other processes and the rest to this one: a second passes between looks."""
 
     def __init__(self) -> None:
-        self.clock = self.busy = self.own = 0.0
-        self.others = 0.0
+        self.now = self.busy = self.own = self.others = 0.0
 
-    def __call__(self, cpus):
-        assert cpus == {0, 1}
-        self.clock += 1.0
+    def clock(self) -> float:
+        self.now += 1.0
         self.busy += min(2.0, self.others + torch.get_num_threads())
         self.own += min(torch.get_num_threads(), 2.0 - self.others)
-        return self.clock, self.busy, self.own
+        return self.now
+
+    def read(self, cpus):
+        assert cpus == {0, 1}
+        return self.busy, self.own
 
 
 @pytest.fixture
@@ -122,7 +124,7 @@ def two_cores(monkeypatch):
 
 
 def test_threads_start_at_one_and_follow_the_cores_others_leave_idle(two_cores):
-    threads = CpuThreads(read=two_cores)
+    threads = CpuThreads(read=two_cores.read, clock=two_cores.clock)
     assert torch.get_num_threads() == 1 and threads.describe() == "1-2 threads as cores are idle"
     seen = []
     for others in (0, 0, 1, 1, 0.4, 0.6, 2, 0):  # an idle machine, a busy process, a light and a heavy load
@@ -133,11 +135,11 @@ def test_threads_start_at_one_and_follow_the_cores_others_leave_idle(two_cores):
 
 
 def test_a_look_waits_for_enough_clock_ticks(two_cores):
-    threads = CpuThreads(read=lambda cpus: (two_cores.clock, 0.0, 0.0))
-    two_cores.clock = CpuThreads.LOOK_S / 2
+    threads = CpuThreads(read=lambda cpus: (0.0, 0.0), clock=lambda: two_cores.now)
+    two_cores.now = CpuThreads.LOOK_S / 2
     threads.update()
     assert torch.get_num_threads() == 1  # too soon to tell
-    two_cores.clock = CpuThreads.LOOK_S
+    two_cores.now = CpuThreads.LOOK_S
     threads.update()
     assert torch.get_num_threads() == 2
 
@@ -150,7 +152,7 @@ def test_a_count_asked_for_or_a_deterministic_run_stays_fixed(two_cores, monkeyp
         monkeypatch.setenv(name, value)
     if requested:
         torch.set_num_threads(requested)  # what setup() does with --threads first
-    threads = CpuThreads(requested, fixed=deterministic, read=two_cores)
+    threads = CpuThreads(requested, fixed=deterministic, read=two_cores.read, clock=two_cores.clock)
     two_cores.others = 2
     threads.update()
     assert threads.describe() == line and torch.get_num_threads() == int(line[0])
@@ -160,15 +162,15 @@ def test_without_proc_stat_the_count_is_torchs_default(two_cores):
     def no_proc(cpus):
         raise FileNotFoundError("/proc/stat")
 
-    assert CpuThreads(read=no_proc).describe() == "2 threads" and torch.get_num_threads() == 2
+    assert CpuThreads(read=no_proc, clock=two_cores.clock).describe() == "2 threads" and torch.get_num_threads() == 2
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux: /proc/stat")
 def test_cpu_times_reads_this_machines_counters():
     cpus = os.sched_getaffinity(0)
-    (t0, busy0, own0), _ = cpu_times(cpus), sum(i * i for i in range(300_000))
-    t1, busy1, own1 = cpu_times(cpus)
-    assert t1 > t0 and busy1 >= busy0 and own1 > own0 and busy0 > 0
+    (busy0, own0), _ = cpu_times(cpus), sum(i * i for i in range(300_000))
+    busy1, own1 = cpu_times(cpus)
+    assert busy1 >= busy0 > 0 and own1 > own0
 
 
 def test_the_first_line_names_the_threads():

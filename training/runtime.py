@@ -264,8 +264,8 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def cpu_times(cpus: set[int]) -> tuple[float, float, float]:
-    """(a clock, the busy seconds of `cpus` since boot from /proc/stat, this process's CPU seconds)."""
+def cpu_times(cpus: set[int]) -> tuple[float, float]:
+    """(the busy seconds of `cpus` since boot from /proc/stat, this process's CPU seconds)."""
     busy = 0
     with open("/proc/stat") as f:
         for line in f:
@@ -273,7 +273,7 @@ def cpu_times(cpus: set[int]) -> tuple[float, float, float]:
             if name[3:].isdigit() and name.startswith("cpu") and int(name[3:]) in cpus:
                 user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, ticks[:8])
                 busy += user + nice + system + irq + softirq + steal
-    return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), time.process_time()
+    return busy / os.sysconf("SC_CLK_TCK"), time.process_time()
 
 
 class CpuThreads:
@@ -289,12 +289,13 @@ class CpuThreads:
 
     LOOK_S = 0.5  # 50 clock ticks a core: enough to tell a busy core from an idle one
 
-    def __init__(self, requested: int = 0, fixed: bool = False, read: Any = cpu_times) -> None:
-        self.most, self.read = torch.get_num_threads(), read  # most: torch's default, OMP_NUM_THREADS or --threads
+    def __init__(self, requested: int = 0, fixed: bool = False, read: Any = cpu_times,
+                 clock: Any = time.monotonic) -> None:
+        self.most, self.read, self.clock = torch.get_num_threads(), read, clock  # most: torch's default or as asked
         self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
         self.fixed = fixed or bool(requested) or "OMP_NUM_THREADS" in os.environ or self.most == 1
         try:
-            self.last = None if self.fixed else read(self.cpus)
+            self.last = None if self.fixed else (clock(), *read(self.cpus))  # (when, busy, own)
         except OSError:  # no /proc/stat: not Linux
             self.fixed = True
         if not self.fixed:
@@ -302,14 +303,12 @@ class CpuThreads:
 
     def update(self) -> None:
         """Called each step: once LOOK_S has passed, one thread per core that stayed more than half idle."""
-        if self.fixed:
+        if self.fixed or (now := self.clock()) - self.last[0] < self.LOOK_S:
             return
-        now = self.read(self.cpus)
-        wall, busy, own = (a - b for a, b in zip(now, self.last))
-        if wall >= self.LOOK_S:
-            self.last = now
-            idle = len(self.cpus) - max(0.0, busy - own) / wall
-            torch.set_num_threads(max(1, min(self.most, round(idle))))
+        busy, own = self.read(self.cpus)
+        others = max(0.0, (busy - self.last[1]) - (own - self.last[2])) / (now - self.last[0])
+        self.last = now, busy, own
+        torch.set_num_threads(max(1, min(self.most, round(len(self.cpus) - others))))
 
     def describe(self) -> str:
         return f"{self.most} thread{'s' * (self.most > 1)}" if self.fixed else f"1-{self.most} threads as cores are idle"
