@@ -1,4 +1,4 @@
-"""What a run runs on: device, precision, compilation, seeds and the DDP process group.
+"""What a run runs on: device, precision, CPU threads, compilation, seeds and the DDP process group.
 
     rt = setup(cfg)                     # or setup(device="auto", dtype="auto") from sample.py
     print(rt.describe())                # cuda:0 NVIDIA T4 (capability 7.5), float16 + loss scaling, ...
@@ -8,6 +8,7 @@
 
 probe() reads the machine into a Machine; choose(), a pure function of it and the options,
 decides by TABLE, so tests can fake any machine. Weights stay float32; autocast lowers the matmuls.
+A CPU run's CpuThreads follows the cores other processes leave idle: rt.threads.update() each step.
 """
 
 from __future__ import annotations
