@@ -77,7 +77,7 @@ def test_attention_kernel_is_the_one_torch_picks():
 @pytest.mark.parametrize("forced, device, dtype", [("0", "cpu", "float32"), ("1", "cpu with bf16 instructions", "bfloat16")])
 def test_each_cpu_row_trains_end_to_end_whatever_this_cpu_has(tmp_path, data_root, forced, device, dtype):
     """GPT_CPU_BF16 stands in for the probe's answer, so both CPU rows run here (and .ci/run runs the
-    whole suite again as a CPU without bf16 instructions)."""
+    whole suite again as the other kind of CPU)."""
     cmd = [sys.executable, "train.py", "--config", "tiny", "--max-iters", "2", "--eval-interval", "2",
            "--sample-tokens", "0", "--device", "cpu", "--data-root", str(data_root), "--out-dir", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "GPT_CPU_BF16": forced}, capture_output=True, text=True,
