@@ -21,9 +21,9 @@ header each. A sample ends at end-of-text or right after its first --stop string
 
 from __future__ import annotations
 
-from configs.errors import quiet_ctrl_c
+from configs.errors import start_script
 
-quiet_ctrl_c(__name__)  # first: Ctrl-C during the imports below (torch: seconds) is one line
+start_script(__name__)  # first: Ctrl-C during the imports below (torch: seconds) is one line
 
 import argparse
 import codecs
@@ -43,7 +43,9 @@ from configs.errors import UserError, entry_point
 
 
 def unescape(text: str) -> str:
-    """Turn the two-character sequences \\n, \\t, \\\\ into newline, tab, backslash; leave others."""
+    """Turn the two-character sequences \\n, \\t, \\\\ into newline, tab, backslash; leave others. Bytes of a
+    command line that are not UTF-8 become U+FFFD, as the model would see them (not Python's stand-ins)."""
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
 
 
@@ -132,7 +134,7 @@ def load(args: argparse.Namespace):
     where = load_config(args.config).run_dir if args.config else args.ckpt  # load_config: checks --config
     if args.config and (run := run_named(args.config)):  # a run (its dir or config.json) is sampled where it is
         where = run
-    model, ckpt, path = load_pretrained(args.init_from or find_checkpoint(where, best=True))
+    model, ckpt, path = load_pretrained(args.init_from or find_checkpoint(where, best=True, config=args.config or ""))
     tok = tokenizer_from_manifest(pretrained_manifest(path, ckpt))
     train_config = (ckpt or {}).get("train_config")
     check_vocab(model, tok, str(path), train_config.get("vocab_size") if isinstance(train_config, dict) else None)
@@ -263,6 +265,11 @@ def run(args: argparse.Namespace) -> None:
 
         quantize_int8(model)
     encoded = [encode_prompt(tok, p, model.config.block_size) for p in prompts]
+    for stop in stops:  # a character model never writes a character its vocabulary lacks
+        try:
+            tok.encode(stop)
+        except UserError as e:
+            raise UserError(f"--stop {stop!r} can never match: {e}") from None
     if args.show_attention:
         from model.trace import plot_attention
 
@@ -298,10 +305,7 @@ def write_samples(args: argparse.Namespace, prompts: list[str], decode: Callable
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    try:
-        run(parse_args(argv))
-    except BrokenPipeError:  # `python sample.py | head`: the reader left; not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    run(parse_args(argv))  # `| head`: entry_point ends it quietly when the reader leaves
     return 0
 
 

@@ -13,16 +13,16 @@
     python train.py --config small --help           # every option, with small's values as defaults
 
 A run writes out/<config>/: ckpt.pt (the latest), best.pt (the lowest val loss), config.json,
-manifest.json, metrics.jsonl and loss.png. Ctrl-C, SIGTERM, SIGUSR1 or SIGHUP saves and exits 128 + the
-signal's number (Ctrl-C twice: at once, unsaved); a nan/inf loss stops without saving and exits 2, as bad
-options do.
+manifest.json, metrics.jsonl and loss.png. Ctrl-C, SIGTERM, SIGHUP, a scheduler's warning (SIGUSR1/2) or a
+reader of the output leaving (`| head`) saves and exits 128 + the signal's number (Ctrl-C twice: at once,
+unsaved); a nan/inf loss stops without saving and exits 2, as bad options do.
 """
 
 from __future__ import annotations
 
-from configs.errors import quiet_ctrl_c
+from configs.errors import start_script
 
-quiet_ctrl_c(__name__)  # first: Ctrl-C during the imports below (torch: seconds) is one line
+start_script(__name__)  # first: Ctrl-C during the imports below (torch: seconds) is one line
 
 import contextlib
 import math
@@ -171,7 +171,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         # only rank 0 writes the run dir; its lock keeps a second run out
         with lock_run_dir(cfg.run_dir, fresh=not cfg.resume) if rt.is_master else contextlib.nullcontext(), \
                 StopSignal(escalate=not rt.ddp) as stop, rt.peer_failures():
-            run = start_run(cfg, rt, t_start)
+            with rt.together():  # a mistake every process finds (a bad --tokens-per-step) is printed once
+                run = start_run(cfg, rt, t_start)
             stopped = None
             try:
                 stopped = loop(run, stop, t_start)
@@ -267,8 +268,8 @@ def finish(run: Run, stopped: str, t_start: float, stop: StopSignal) -> dict[str
               f"(best val {st.best_val:.4f})")
     best = f"best       {result['best']} (lowest val loss, what sample.py reads)\n" \
         if (run_dir / BEST_NAME).is_file() else ""  # none when stopped before its first eval finished
-    print(f"checkpoint {result['checkpoint']} (latest, for --resume)\n{best}"
-          f"metrics    {result['metrics']}\nloss curve {result['plot']}")
+    plot = f"\nloss curve {result['plot']}" if (run_dir / "loss.png").is_file() else ""  # matplotlib may have failed
+    print(f"checkpoint {result['checkpoint']} (latest, for --resume)\n{best}metrics    {result['metrics']}{plot}")
     if run.cfg.sample_tokens and not stop.name:  # a stop signal asked for an end now, not a sample first
         sample = stop.cut_short(lambda: sample_text(run))
         if sample is None:
@@ -276,7 +277,8 @@ def finish(run: Run, stopped: str, t_start: float, stop: StopSignal) -> dict[str
             print(f"{stop.name}: the sample was cut short; {kept}", file=sys.stderr)
         else:
             result["sample"] = sample
-            print(f"sample (python sample.py --out-dir {shlex.quote(str(run_dir))} for more):\n{sample}")
+            where = shlex.quote(f"./{run_dir}" if str(run_dir).startswith("-") else str(run_dir))  # not read as a flag
+            print(f"sample (python sample.py --out-dir {where} for more):\n{sample}")
     return result
 
 

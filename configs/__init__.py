@@ -105,7 +105,7 @@ class TrainConfig:
                             "gpt2-medium, ...); ignored by --resume")
     eval_only: bool = _field(False, "no training: loss and perplexity of --init-from (or out_dir's checkpoint)")
     wandb: bool = _field(False, "log to Weights & Biases (offline without an API key)")
-    wandb_project: str = _field("gpt", "the wandb project")
+    wandb_project: str = _field("", "the wandb project (default: $WANDB_PROJECT, else gpt)")
     wandb_run_name: str = _field("", "empty = the config name")
 
     def __post_init__(self) -> None:
@@ -121,6 +121,9 @@ class TrainConfig:
             raise UserError("--data-root and --dataset must not be empty")
         if self.name in ("", ".", "..") or "/" in self.name:  # out/<name> would be out/ itself or outside it
             raise UserError(f"--name {self.name!r}: a run's name is one folder name under out/; pick another")
+        if tilde := next((f for f in ("out_dir", "data_root") if getattr(self, f).startswith("~")), None):
+            raise UserError(f"{_flag(tilde)} {getattr(self, tilde)}: the shell left ~ as it is (quoted?), which would "
+                            f"make a folder named ~ here; write $HOME instead, or ./~ to mean that folder")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The network this config describes: the fields GPTConfig shares; vocab_size 0 takes the argument."""
@@ -258,8 +261,10 @@ def resolve_config(config: str) -> TrainConfig:
     if config in available_configs():
         return named_config(config)
     path = Path(config)
-    if path.is_file() and path.suffix not in (".toml", ".json"):  # an empty file would read as no fields
-        raise UserError(f"--config {path}: expected a .toml file, a run's config.json or its directory")
+    if path.exists() and not path.is_dir() and (path.suffix not in (".toml", ".json") or not path.is_file()):
+        # an empty file would read as no fields; a pipe (<(...), /dev/stdin) has no name to tell TOML by
+        raise UserError(f"--config {path}: expected a .toml file, a run's config.json or its directory; "
+                        "save the settings to a .toml file and give that")
     if path.is_file() or (path / "config.json").is_file():
         return config_file(path)
     if path.is_dir():

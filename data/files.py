@@ -66,9 +66,12 @@ def write_errors(path: Path) -> Iterator[None]:
         if cause is None:
             raise  # not a failed write: a bug, keep the traceback
         full = cause.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # else: read-only, no permission, ...
+        long = cause.errno == errno.ENAMETOOLONG  # a save writes beside its target, under a name 20 characters longer
+        files = cause.errno in (errno.EMFILE, errno.ENFILE)
         raise UserError(f"could not write {path} ({cause.strerror or cause}); its previous version, if any, is kept; "
                         + ("free disk space (or raise the file-size limit) or " if full else "")
-                        + "pick another output folder") from None
+                        + ("use a shorter name" if long else "raise the open-files limit (ulimit -n)" if files
+                           else "pick another output folder")) from None
 
 
 def write_json(path: str | Path, obj: Any, ensure_ascii: bool = True) -> None:

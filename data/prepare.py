@@ -19,11 +19,12 @@ streaming from the hub). A re-run whose manifest (data/manifest.py) matches reus
 
 from __future__ import annotations
 
-from configs.errors import quiet_ctrl_c
+from configs.errors import start_script
 
-quiet_ctrl_c(__name__)  # first: Ctrl-C during the imports below (numpy, tiktoken) is one line
+start_script(__name__)  # first: Ctrl-C during the imports below (numpy, tiktoken) is one line
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import multiprocessing
@@ -262,6 +263,9 @@ def hold_dataset(ds_dir: str | os.PathLike, *, rebuild: bool = False) -> IO[str]
             path.parent.mkdir(parents=True, exist_ok=True)
             lock = open(path, "a+")
         except OSError as e:
+            if rebuild and e.errno == errno.ENAMETOOLONG:  # the lock's name is the dataset's and 6 characters more
+                raise UserError(f"the dataset name {Path(ds_dir).name[:20]}... is too long for this file system; "
+                                "give a shorter --name") from None
             if rebuild:
                 why = ": a file, not a folder;" if path.parent.is_file() else f" ({e.strerror});"
                 raise UserError(f"cannot write {path.parent}{why} use a folder that can be written for the prepared data") from None
@@ -302,10 +306,10 @@ def _rebuilding(out_dir: Path) -> Iterator[Path]:
         lock.close()
 
 
-def dataset_dir(name: str, root: str | os.PathLike = DEFAULT_ROOT) -> Path:
+def dataset_dir(name: str, root: str | os.PathLike = DEFAULT_ROOT, verbose: bool = True) -> Path:
     """Where dataset `name` is: a preset is prepared on first use (a no-op later); others must be prepared already."""
     if name in PRESETS:
-        return prepare(name, out_root=root)
+        return prepare(name, out_root=root, verbose=verbose)
     path = Path(root) / name
     if is_dataset(path):
         return path

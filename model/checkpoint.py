@@ -38,8 +38,9 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
-def find_checkpoint(path: str | Path | None = None, best: bool = False) -> Path:
-    """The checkpoint of a run dir (best=True: its best.pt if any, else ckpt.pt) or a .pt file; None: out/small."""
+def find_checkpoint(path: str | Path | None = None, best: bool = False, config: str = "") -> Path:
+    """The checkpoint of a run dir (best=True: its best.pt if any, else ckpt.pt) or a .pt file; None: out/small.
+    config: the --config the run dir came from, for the hint when there is none."""
     if path is not None and not str(path):  # Path("") is ".": it would name the current folder
         raise UserError("an empty run path names nothing; give a run directory or a .pt file")
     p = Path(path if path is not None else "out/small")
@@ -58,7 +59,7 @@ def find_checkpoint(path: str | Path | None = None, best: bool = False) -> Path:
     if any((run / w).is_file() for w in ("model.safetensors", "pytorch_model.bin")):  # e.g. model.hf export's output
         raise UserError(f"{run} is an exported Hugging Face model, not a run; load it with transformers, or "
                         f"fine-tune from it with `python train.py --init-from {run}`")
-    train = f"--config {run.name}" if run == Path("out", run.name) else f"--config small --out-dir {run}"
+    train = f"--config {config}" if config else "--config small" + ("" if run == Path("out/small") else f" --out-dir {run}")
     runs = sorted(str(c.parent) for c in Path("out").glob(f"*/{CKPT_NAME}"))
     hint = f" (runs with a checkpoint: {', '.join(runs)})" if runs else ""
     raise UserError(f"no checkpoint at {p}; train one first: `python train.py {train}`{hint}")

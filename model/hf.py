@@ -8,9 +8,9 @@ HF stores its linear layers as Conv1D, (in, out), where nn.Linear keeps (out, in
 
 from __future__ import annotations
 
-from configs.errors import quiet_ctrl_c
+from configs.errors import start_script
 
-quiet_ctrl_c(__name__)  # first: Ctrl-C during the imports below (torch: seconds) is one line
+start_script(__name__)  # first: Ctrl-C during the imports below (torch: seconds) is one line
 
 import glob
 import json

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -142,8 +143,9 @@ def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
     except ValueError as e:  # an extension matplotlib cannot write
         raise UserError(f"--show-attention {path}: {e}") from None
     except OSError as e:
-        raise UserError(f"--show-attention {path}: cannot write there ({e.strerror}: {e.filename}); "
-                        "pick another path") from None
+        raise UserError(f"--show-attention {path}: cannot write there ({e.strerror or e}); "
+                        + ("raise the file-size limit or free disk space" if e.errno in (errno.EFBIG, errno.ENOSPC)
+                           else "pick another path")) from None
     finally:
         plt.close(fig)
     return out

@@ -97,7 +97,9 @@ def test_run_dir_lock_dies_with_its_process_and_its_temp_files_are_removed(tmp_p
 def test_a_missing_checkpoint_names_its_own_run_and_a_lone_best_pt(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=r"no checkpoint at out/tiny/ckpt.pt; train one first: `python train.py --config tiny`"):
-        find_checkpoint("out/tiny")
+        find_checkpoint("out/tiny", config="tiny")  # sample.py --config tiny
+    with pytest.raises(UserError, match=r"train one first: `python train.py --config small --out-dir out/mine`"):
+        find_checkpoint("out/mine")  # no preset is named mine: was `--config mine`
     with pytest.raises(UserError, match=r"train one first: `python train.py --config small --out-dir runs/mine`"):
         find_checkpoint("runs/mine")
     save_checkpoint(tmp_path / "runs/kept", _state(1))

@@ -424,7 +424,7 @@ def test_bad_input_of_the_second_pass_is_one_line_and_changes_nothing(tmp_path, 
     assert "holds a prepared dataset; pick another --out-dir" in fails(capsys, train.main, args(ds, data_root))
     assert {p.name: p.read_bytes() for p in ds.iterdir()} == before  # no lock, no run files among the tokens
     cores = os.cpu_count()  # a billion threads ended in OpenMP's out-of-memory abort
-    assert f"--threads {cores + 1}: this machine has {cores} cores; use at most {cores}" in fails(
+    assert f"--threads {cores + 1}: this process may use {cores} cores; use at most {cores}" in fails(
         capsys, train.main, args(tmp_path / "t", data_root, "--threads", str(cores + 1)))
     assert fails(capsys, train.main, args(tmp_path / "g", data_root, "--gpu", "a100", "--mfu", "0.5")) == (
         "error: --gpu, --mfu: for --plan only; add --plan or drop them")  # it trained on this machine
@@ -542,9 +542,18 @@ def test_a_fresh_run_refuses_a_folder_of_something_else(tmp_path, data_root, cap
         (export / name).write_text(f"the export's {name}")
     before = {p.name: p.read_bytes() for p in export.iterdir()}
     line = fails(capsys, train.main, args(export, data_root, *TINY))
-    assert line == (f"error: --out-dir {export} holds files a run does not write (model.safetensors, tokenizer.json, "
-                    "tokenizer_config.json); pick another --out-dir")
+    assert line == (f"error: --out-dir {export} holds files no run of this project wrote (model.safetensors, "
+                    "tokenizer.json, tokenizer_config.json, ...); pick another --out-dir")
     assert {p.name: p.read_bytes() for p in export.iterdir()} == before  # no .lock either
+    mine = tmp_path / "mine"  # the user's own files, named as a run's are: only a run's .lock makes them a run's
+    mine.mkdir()
+    for name in ("config.json", "metrics.jsonl", "loss.png"):
+        (mine / name).write_text(f"my {name}")
+    line = fails(capsys, train.main, args(mine, data_root, *TINY))
+    assert line == (f"error: --out-dir {mine} holds files no run of this project wrote (config.json, loss.png, "
+                    "metrics.jsonl); pick another --out-dir")
+    assert sorted(p.name for p in mine.iterdir()) == ["config.json", "loss.png", "metrics.jsonl"]
+    assert (mine / "config.json").read_text() == "my config.json"
     ours = tmp_path / "ours"  # an earlier run of ours that failed before saving: trains over it
     ours.mkdir()
     for name in ("config.json", "manifest.json", "metrics.jsonl", "loss.png", ".lock", ".ckpt.pt.123.tmp", ".DS_Store",

@@ -193,7 +193,7 @@ def test_cli_sets_cpu_threads(tmp_path, capsys, monkeypatch):
     run = make_run(tmp_path)
     argv = ["--ckpt", str(run), "--prompt", "A", "--max-new-tokens", "2", "--device", "cpu"]
     torch.set_num_threads(2)
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)  # 3 threads must fit the machine
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # 3 threads must fit the cores it may use
     assert sample.main(argv) == 0 and torch.get_num_threads() == 1  # n_embd 16: one thread
     assert sample.main([*argv, "--threads", "3"]) == 0 and torch.get_num_threads() == 3
 
@@ -263,7 +263,7 @@ def test_more_threads_than_the_machine_has_cores_is_refused(tmp_path, capsys, mo
     argv = ["--ckpt", str(make_run(tmp_path)), "--prompt", "A", "--max-new-tokens", "2", "--device", "cpu"]
     for threads in ("3", "1073741824"):  # the latter was a torch allocation traceback
         assert sample.main([*argv, "--threads", threads]) == 2
-        assert capsys.readouterr().err == (f"error: --threads {threads}: this machine has 2 cores; use at most 2 "
+        assert capsys.readouterr().err == (f"error: --threads {threads}: this process may use 2 cores; use at most 2 "
                                            "(0 = torch's default)\n")
     assert sample.main([*argv, "--threads", "2"]) == 0 and capsys.readouterr().out.startswith("A")
 

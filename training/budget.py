@@ -63,8 +63,12 @@ class TimeBudget:
 
 
 # Each asks the run to stop and keep its work: Ctrl-C, a kill or a scheduler's end (SIGTERM),
-# SLURM's warning ahead of the time limit (--signal=USR1@...), a closed terminal (SIGHUP).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+# SLURM's warning ahead of the time limit (--signal=USR1@...), Grid Engine's (SIGUSR2), a CPU-time
+# limit's (SIGXCPU: ulimit -t, before its SIGKILL), a closed terminal (SIGHUP), and the reader of
+# our output leaving (SIGPIPE: `train.py | head`; configs.errors.StandardStream). A signal the
+# run was started ignoring (SIGHUP under nohup, SIGINT in a background job) stays ignored.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGXCPU, signal.SIGHUP,
+                signal.SIGPIPE)
 
 
 class Stopped(Exception):
@@ -86,8 +90,9 @@ class StopSignal:
 
     def __enter__(self) -> StopSignal:
         if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self.previous[sig] = signal.signal(sig, self._handle)
+            for sig in STOP_SIGNALS:  # Python itself ignores SIGPIPE, so that one was not the user's choice
+                if signal.getsignal(sig) is not signal.SIG_IGN or sig == signal.SIGPIPE:
+                    self.previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:

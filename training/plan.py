@@ -184,7 +184,8 @@ def free_memory(device: str) -> int:
     if device == "mps":
         return torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
     try:
-        return int(re.search(r"MemAvailable:\s+(\d+) kB", open("/proc/meminfo").read()).group(1)) * 1024
+        with open("/proc/meminfo") as f:
+            return int(re.search(r"MemAvailable:\s+(\d+) kB", f.read()).group(1)) * 1024
     except (OSError, AttributeError):  # not Linux: free pages, which leaves out the page cache
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 

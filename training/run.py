@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -240,7 +241,7 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     master, run_dir = rt.is_master, cfg.run_dir
     with rt.together():  # rank 0 prepares the data (idempotent); the others then just find it
         ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if master else None
-    ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root)
+    ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root, verbose=False)  # rank 0 said it
     held = hold_dataset(ds_dir)  # a prepare of it now would change what later evals read: refuse it
     manifest = read_dataset_manifest(ds_dir)
     tokenizer_from_manifest(manifest)  # fails now, not at the end-of-run sample, if it cannot be built
@@ -286,6 +287,8 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
     run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, held, grad_accum, log, state)
     if master:
         announce(run, resumed=ckpt is not None)
+        if rt.device_type == "cpu":
+            say_if_long(run)
     if ckpt is not None:  # last, so nothing above (model init, compile) shifts the streams
         restore_rng_state(ckpt["rng"])
         if rt.rank:  # only rank 0's streams are saved; keep the ranks' dropout masks distinct
@@ -294,8 +297,11 @@ def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
 
 
 def announce(run: Run, resumed: bool) -> None:
-    """Write config.json and manifest.json, print what runs where, start wandb."""
+    """Start wandb, write config.json and manifest.json, print what runs where."""
     cfg, rt, st = run.cfg, run.rt, run.state
+    if cfg.wandb:  # first: wandb that cannot start leaves no files behind
+        st.wandb_id = run.log.start_wandb(cfg.wandb_project, cfg.wandb_run_name or cfg.name, cfg.to_dict(),
+                                          st.wandb_id)
     if not resumed:  # a resume's settings replace the run's with its first checkpoint (save): it may fail before
         write_json(run.run_dir / "config.json", cfg.to_dict())
     write_json(run.run_dir / "manifest.json", run.manifest)
@@ -305,9 +311,25 @@ def announce(run: Run, resumed: bool) -> None:
           f"{cfg.dataset}: {run.manifest['train_tokens']:,} train tokens"
           + (f" | resuming at step {st.step}" if resumed else "")
           + ("" if rt.attention else f" | {attention_kernel(cfg, rt)}"))  # setup() left it to the weights
-    if cfg.wandb:
-        st.wandb_id = run.log.start_wandb(cfg.wandb_project, cfg.wandb_run_name or cfg.name, cfg.to_dict(),
-                                          st.wandb_id)
+
+
+def say_if_long(run: Run) -> None:
+    """Before a CPU run that would take over an hour, say so, with its time here and what to run instead
+    (shakespeare_gpu on a CPU would take a day). One forward and backward pass of a micro-batch is timed,
+    in eval mode (dropout draws no random numbers) and its gradients dropped: the run is the same as without it."""
+    cfg, rt = run.cfg, run.rt
+    x = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
+    run.model.eval()
+    t0 = time.perf_counter()
+    with rt.autocast():
+        run.model(x, x)[1].backward()
+    step = run.grad_accum * (time.perf_counter() - t0)  # evals left out: "about" needs no more
+    run.model.train().zero_grad(set_to_none=True)
+    seconds = min(step * (cfg.max_iters - run.state.step), cfg.max_time or math.inf)
+    if seconds > 3600:  # an hour: a run a user should choose knowingly
+        print(f"note: this run would take about {seconds / 3600:.0f} h on this CPU ({step:.1f} s a step); {cfg.name} "
+              "is sized for a GPU (train.py --plan shows its time there); on a CPU use --config small, or set "
+              "--max-time", file=sys.stderr)
 
 
 class TrainingDiverged(UserError):
@@ -345,9 +367,9 @@ RUN_FILES = (CKPT_NAME, BEST_NAME, "config.json", "manifest.json", "metrics.json
 
 def _remove_if_unused(created: list[Path]) -> None:
     """A run that failed before writing anything leaves nothing: lock_run_dir's lock file and folders go."""
-    if created and os.listdir(created[0].parent) == [LOCK_NAME]:
-        for path in created:  # the lock file, then folders, innermost first
-            with contextlib.suppress(OSError):  # a folder that is not empty holds something else
+    with contextlib.suppress(OSError):  # a folder that is not empty holds something else; no cleanup hides the error
+        if created and os.listdir(created[0].parent) == [LOCK_NAME]:
+            for path in created:  # the lock file, then folders, innermost first
                 path.rmdir() if path.is_dir() else path.unlink()
 
 
@@ -357,28 +379,31 @@ def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitSta
     lock, and so does the process ending in any way (flock locks die with their process, so a
     kill -9 leaves no stale lock). Temp files left by killed saves are removed here; a `with` block
     that fails before the run wrote anything removes what this call created. A fresh run refuses a
-    folder holding files a run does not write (hidden ones aside): it would overwrite an exported model's."""
+    folder holding files no run wrote (hidden ones aside): it would overwrite someone's config.json or model.
+    A run's folder is known by its lock file, which every run creates before it writes anything else."""
     import fcntl
 
     run_dir = Path(run_dir)
-    if is_dataset(run_dir):  # its next rebuild would replace the run
-        raise UserError(f"--out-dir {run_dir} holds a prepared dataset; pick another --out-dir")
-    created = [p for p in (run_dir / LOCK_NAME, run_dir, *run_dir.parents) if not p.exists()]
     try:
+        if is_dataset(run_dir):  # its next rebuild would replace the run
+            raise UserError(f"--out-dir {run_dir} holds a prepared dataset; pick another --out-dir")
+        created = [p for p in (run_dir / LOCK_NAME, run_dir, *run_dir.parents) if not p.exists()]
         run_dir.mkdir(parents=True, exist_ok=True)
         held = sorted(os.listdir(run_dir))
         links = [name for name in held if (run_dir / name).is_symlink()]
-        foreign = [name for name in held if fresh and name not in (*RUN_FILES, "wandb") and name[0] != "."
+        ours = LOCK_NAME in held  # every run makes it before it writes anything, so run files without it are not ours
+        foreign = [name for name in held if fresh and not (ours and name in (*RUN_FILES, "wandb")) and name[0] != "."
                    and not name.endswith(".log")]  # `| tee out/x/train.log` creates its file first
         lock = None if links or foreign else open(run_dir / LOCK_NAME, "a+")
     except OSError as e:
-        what = "is a file, not a directory" if run_dir.is_file() else f"cannot be written ({e.strerror}: {e.filename})"
+        what = "is a file, not a directory" if os.path.isfile(run_dir) else f"cannot be written ({e.strerror}: {e.filename})"
         raise UserError(f"--out-dir {run_dir} {what}; pick another --out-dir") from None
     if links:  # writing through them would change files outside the run dir
         raise UserError(f"{run_dir} holds symbolic links ({', '.join(links)}); a run writes only inside its out "
                         "dir: remove them or pick another --out-dir")
     if foreign:
-        raise UserError(f"--out-dir {run_dir} holds files a run does not write ({', '.join(foreign[:3])}"
+        foreign.sort(key=lambda name: name in RUN_FILES)  # the telling names first
+        raise UserError(f"--out-dir {run_dir} holds files no run of this project wrote ({', '.join(foreign[:3])}"
                         f"{', ...' * (len(foreign) > 3)}); pick another --out-dir")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -8,11 +8,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from configs.errors import UserError
+from configs.errors import UserError, first_line
 from data.files import atomic_write, write_errors
 
 if TYPE_CHECKING:
@@ -24,6 +25,12 @@ def _wandb_has_key(wandb: Any) -> bool:
         return bool(os.environ.get("WANDB_API_KEY") or wandb.login(prompt=False, verify=False))
     except Exception:  # older wandb without prompt=, or a broken settings file: treat as no key
         return False
+
+
+def _reason(e: Exception) -> str:
+    """wandb's error in a line: a settings error (pydantic's, for a misspelt WANDB_MODE) holds it in errors()."""
+    details = e.errors() if callable(getattr(e, "errors", None)) else []
+    return "; ".join(f"{d['loc'][0]}={d['input']!r}: {d['msg']}" for d in details) or first_line(e)
 
 
 class RunLog:
@@ -43,24 +50,30 @@ class RunLog:
                     rec = json.loads(line)
                     if rec.get("step", 0) <= resume_step:
                         self.records.append(rec)
-        with write_errors(self.path), open(self.path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in self.records)
+        if self.records or self.path.exists():  # a new folder stays empty until a record comes
+            with write_errors(self.path), open(self.path, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in self.records)
         self.wandb: Any = None
         self.wandb_from = 0  # the first step the wandb run lacks
         self.plotted_at, self.plot_cost = 0.0, 0.5
         self.samples: list[list[Any]] = []
 
     def start_wandb(self, project: str, name: str, config: dict[str, Any], run_id: str | None) -> str:
-        """Start (or continue, given run_id) a wandb run in out_dir/wandb; returns its id."""
+        """Start (or continue, given run_id) a wandb run in out_dir/wandb (or $WANDB_DIR); returns its id."""
         try:
             import wandb
         except ImportError:
             raise UserError("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
         # None: wandb's own choice (WANDB_MODE, its settings, else online); offline needs no account
         mode = None if "WANDB_MODE" in os.environ or _wandb_has_key(wandb) else "offline"
-        self.wandb = wandb.init(project=project, name=name, config=config, dir=str(self.out_dir),
-                                id=run_id, resume="allow", mode=mode)
-        self.wandb.define_metric("val_loss", summary="min")  # the run's summary is its best val loss
+        try:  # before the run writes a file or trains a step: a run the user asked to track is tracked or not started
+            self.wandb = wandb.init(project=project or os.environ.get("WANDB_PROJECT") or "gpt", name=name,
+                                    config=config, dir=None if os.environ.get("WANDB_DIR") else str(self.out_dir),
+                                    id=run_id, resume="allow", mode=mode)
+            self.wandb.define_metric("val_loss", summary="min")  # the run's summary is its best val loss
+        except Exception as e:  # no key, a bad WANDB_MODE, no network, a folder it cannot write, ...
+            raise UserError(f"--wandb: wandb did not start ({_reason(e)}); fix that, or run with WANDB_MODE=offline "
+                            "(no account needed) or without --wandb") from None
         # after a kill -9 only wandb knows what it holds: steps below starting_step (0 offline: docs/training.md)
         self.wandb_from = self.wandb.starting_step
         for record in self.records:
@@ -80,14 +93,27 @@ class RunLog:
 
     def _send(self, record: dict[str, Any]) -> None:
         if self.wandb is not None and record["step"] >= self.wandb_from:  # wandb drops a lower step anyway
-            self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None}, step=record["step"])
+            with self._wandb_may_fail():
+                self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None}, step=record["step"])
 
     def log_sample(self, step: int, text: str) -> None:
         if self.wandb is not None and step >= self.wandb_from:
             import wandb
 
             self.samples.append([step, text])  # the whole table each time: wandb tables are immutable
-            self.wandb.log({"samples": wandb.Table(columns=["step", "text"], data=self.samples)}, step=step)
+            with self._wandb_may_fail():
+                self.wandb.log({"samples": wandb.Table(columns=["step", "text"], data=self.samples)}, step=step)
+
+    @contextlib.contextmanager
+    def _wandb_may_fail(self) -> Iterator[None]:
+        """wandb failing mid-run (its staging folder unwritable, its service gone) is a note, and the run
+        goes on without it: metrics.jsonl holds every record, and hours of training outweigh a dashboard."""
+        try:
+            yield
+        except Exception as e:
+            print(f"note: wandb failed ({_reason(e)}); the run goes on without it; metrics.jsonl has every record",
+                  file=sys.stderr)
+            self.wandb = None
 
     def plot(self, force: bool = True) -> None:
         """Train and val loss against step in loss.png (a note without matplotlib).
@@ -98,9 +124,10 @@ class RunLog:
         failing = sys.exc_info()[1] is not None  # called from a `finally` while an error is on its way out
         try:
             self._plot()
-        except UserError as e:  # a full disk: not worth failing the run for, nor worth hiding its error
+        except Exception as e:  # a full disk, a bad MPLBACKEND, a name its fonts cannot show: not worth a run
             if not failing:
-                print(f"note: {e}", file=sys.stderr)
+                print(f"note: {e}" if isinstance(e, UserError) else "note: loss.png not drawn: matplotlib failed "
+                      f"({first_line(e, 100)}...); check its settings (MPLBACKEND, matplotlibrc)", file=sys.stderr)
         finally:
             self.plot_cost = time.time() - self.plotted_at  # for max_time's reserve
 
@@ -161,5 +188,6 @@ class RunLog:
     def close(self, exit_code: int = 0) -> None:
         """exit_code != 0 marks the wandb run as failed (a crash, a divergence, an interruption)."""
         if self.wandb is not None:
-            self.wandb.finish(exit_code=exit_code)
+            with self._wandb_may_fail():
+                self.wandb.finish(exit_code=exit_code)
             self.wandb = None

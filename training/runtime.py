@@ -259,8 +259,10 @@ def _join_process_group(device: str, timeout_s: float) -> None:
 def set_threads(threads: int) -> None:
     """--threads: torch's CPU threads, 0 = its default. More than the cores only thrash; a billion made
     OpenMP allocate per-thread memory until it died."""
-    if threads > (cores := os.cpu_count() or 1):
-        raise UserError(f"--threads {threads}: this machine has {cores} cores; use at most {cores} (0 = torch's default)")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # taskset's
+    if threads > cores:
+        raise UserError(f"--threads {threads}: this process may use {cores} core{'s' * (cores > 1)}; use at most {cores} "
+                        "(0 = torch's default)")
     if threads:
         torch.set_num_threads(threads)
 
@@ -315,6 +317,26 @@ class CpuThreads:
         return f"{self.most} thread{'s' * (self.most > 1)}" if self.fixed else f"1-{self.most} threads as cores are idle"
 
 
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_environment() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) as torchrun set them, or (0, 0, 1) for a process of its own. Some of
+    them without the others are left over in a cluster shell, not a launch: one line names them."""
+    given = {name: os.environ[name] for name in TORCHRUN_VARIABLES if name in os.environ}
+    if not given:
+        return 0, 0, 1
+    missing = [name for name in TORCHRUN_VARIABLES if name not in given]
+    numbers = [given.get(name, "") for name in TORCHRUN_VARIABLES[:3]]
+    if missing or not all(n.isdigit() for n in numbers) or int(numbers[0]) >= int(numbers[2]):
+        found = " ".join(f"{name}={value}" for name, value in given.items())
+        lacking = f" without {', '.join(missing)}" if missing else ""
+        raise UserError(f"the environment has {found}{lacking}, not a whole torchrun set; unset "
+                        f"{'them' if len(given) > 1 else 'it'} to train one process, or launch with torchrun")
+    rank, local_rank, world_size = map(int, numbers)
+    return rank, local_rank, world_size
+
+
 def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: int | None = 1337,
           training: bool = True, ddp_timeout: float = 600.0) -> Runtime:
     """Decide device, precision and compilation, seed the RNGs, join the process group under
@@ -327,8 +349,7 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
         set_threads(cfg.threads)  # a bad --threads fails before anything else is decided
         if cfg.deterministic:  # cuBLAS's fixed workspace, before any matmul: torch's reproducibility notes
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank, local_rank, world_size = torchrun_environment() if training else (0, 0, 1)
     p = choose(probe(local_rank), device, dtype, compile, training, local_rank)
     rt = Runtime(p, torch.amp.GradScaler(p.device_type, enabled=p.loss_scaling), rank, local_rank, world_size)
     if rt.device_type == "cuda":
