@@ -28,9 +28,9 @@ import contextlib
 import math
 import re
 import shlex
-import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -41,11 +41,11 @@ from configs.cli import ArgumentParser, Flag, integer, number
 from configs.errors import UserError, entry_point
 from data.loader import GlobalBatchLoader
 from model.checkpoint import BEST_NAME, CKPT_NAME, keep_best
-from training.budget import StopSignal, TimeBudget
+from training.budget import StopSignal, TimeBudget, exit_code
 from training.optim import lr_multiplier, set_lr
 from training.plan import DEFAULT_MFU, out_of_memory, plan_report
-from training.run import (Run, diverged, eval_only, evaluate, final_estimate, lock_run_dir, sample_text, save,
-                          start_run, vocab_size)
+from training.run import (Run, build_model, build_optimizer, diverged, eval_only, evaluate, final_estimate,
+                          lock_run_dir, open_data, resumed_checkpoint, sample_text, save, vocab_size)
 from training.runtime import Runtime, setup
 
 
@@ -80,52 +80,50 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rt:
     return grad_norm
 
 
-def eval_and_save(run: Run, stop: StopSignal, budget: TimeBudget | None = None, save_first: bool = False) -> None:
-    """Evaluate, then save ckpt.pt (best.pt too when val improved). On a stop signal save first:
-    a short grace period still keeps the work. A stop signal cuts the eval short (nothing of it is
-    recorded; it is not started again), never a save. Only rank 0 evaluates and saves; a non-finite
-    val loss stops every rank before anything is saved."""
-    t0, st, rt = time.time(), run.state, run.rt
+def checkpoint(run: Run, stop: StopSignal, budget: TimeBudget | None = None, save_first: bool = False) -> None:
+    """The one checkpoint step, every eval_interval and at the end: evaluate, save ckpt.pt, keep it as
+    best.pt when val improved. On a stop signal the save comes first, so a short grace period still keeps
+    the work; a stop signal cuts the eval short (nothing of it is recorded, and it is not started again),
+    never a save. Only rank 0 evaluates and saves; a non-finite val loss stops every rank before any save."""
+    t0, rt = time.time(), run.rt
     if save_first and rt.is_master:
         with stop.holding():
             save(run)
-    if st.evaluated_at == st.step:
+    if run.last_eval.get("step") == run.step:
         return
-    st.evaluated_at = st.step
+    run.last_eval = {"step": run.step}  # tried; the losses join it below unless a stop signal cuts it short
     # None if a stop signal cut it short; {} on the other ranks
-    losses = stop.cut_short(lambda: evaluate(run.model, run.ds_dir, run.cfg, rt)) if rt.is_master else {}
+    losses = stop.cut_short(lambda: evaluate(run.model, run.data.dir, run.cfg, rt)) if rt.is_master else {}
     val = torch.tensor((losses or {}).get("val_loss", 0.0), device=rt.device)
     if rt.ddp:
         torch.distributed.broadcast(val, src=0)  # also the barrier: the others wait for rank 0
     if not math.isfinite(val.item()):
-        raise diverged(run, f"val loss became {val.item()} at step {st.step}")
+        raise diverged(run, f"val loss became {val.item()} at step {run.step}")
     if losses is None:
-        st.losses = {}  # the last eval's are of an earlier step: not "final"
         return
     if rt.is_master:
         with stop.holding():
-            record_eval(run, losses, saved=save_first)
+            record(run, losses, saved=save_first)
     if budget is not None:  # the final one also draws loss.png
         budget.record_final(time.time() - t0 + (run.log.plot_cost if run.log else 0.0))
 
 
-def record_eval(run: Run, losses: dict[str, float], saved: bool) -> None:
+def record(run: Run, losses: dict[str, float], saved: bool) -> None:
     """Rank 0 after an eval: save (and keep it as best.pt if val improved), log, plot, say so."""
-    st, log = run.state, run.log
-    improved = losses["val_loss"] < st.best_val
-    st.best_val, st.losses = min(st.best_val, losses["val_loss"]), losses
-    saving = st.step > 0 and st.saved_at != st.step
+    improved = losses["val_loss"] < run.best_val
+    run.best_val, run.last_eval = min(run.best_val, losses["val_loss"]), {"step": run.step, **losses}
+    saving = run.step > 0 and run.saved_at != run.step
     if saving:
         save(run)
-    if improved and st.saved_at == st.step:
+    if improved and run.saved_at == run.step:
         keep_best(run.run_dir)
-    log.log({"step": st.step, **losses, "time": round(time.time() - log.started, 3)})
-    if run.cfg.sample_tokens and log.wandb is not None:
-        log.log_sample(st.step, sample_text(run))
-    log.plot(force=False)
-    tqdm.write(f"step {st.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}"
+    run.log.log({"step": run.step, **losses, "time": round(time.time() - run.log.started, 3)})
+    if run.cfg.sample_tokens and run.log.wandb is not None:
+        run.log.log_sample(run.step, sample_text(run))
+    run.log.plot(force=False)
+    tqdm.write(f"step {run.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}"
                f"{' (best)' if improved else ''}{', saved' if saving or saved else ''}")
-    if log.reference and (note := log.reference.check(st.step, losses)):  # outside the seeds' band: say so, go on
+    if run.log.reference and (note := run.log.reference.check(run.step, losses)):  # outside the seeds' band
         tqdm.write(note)
 
 
@@ -152,7 +150,7 @@ def log_progress(run: Run, window: list[tuple[float, float]], lr: float, grad_no
     peak = run.rt.peak_flops * run.rt.world_size if run.rt.peak_flops else None
     mfu = run.model.flops_per_token(run.cfg.block_size) * tok_s / peak if peak else None
     loss = sum(v for v, _ in window) / len(window)
-    run.log.log({"step": run.state.step, "loss": loss, "lr": lr, "tokens_per_s": round(tok_s, 1), "mfu": mfu,
+    run.log.log({"step": run.step, "loss": loss, "lr": lr, "tokens_per_s": round(tok_s, 1), "mfu": mfu,
                  "grad_norm": grad_norm.item() if grad_norm is not None else None, "threads": torch.get_num_threads(),
                  "time": round(time.time() - run.log.started, 3)})
     bar.set_postfix_str(f"loss {loss:.4f} lr {lr:.2e} {tok_s:,.0f} tok/s"
@@ -162,30 +160,36 @@ def log_progress(run: Run, window: list[tuple[float, float]], lr: float, grad_no
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run one training job described by cfg; returns final losses, paths and why it stopped."""
     t_start = time.time()
-    rt = setup(cfg)
-    if rt.is_master:
-        print(rt.describe())  # what runs where: device, precision, kernels, compile (and why not)
-    try:
+    with setup(cfg) as rt:  # device, dtype, seeds, DDP; the process group ends with the block
+        if rt.is_master:
+            print(rt.describe())  # what runs where: device, precision, kernels, compile (and why not)
         if cfg.eval_only:
             return eval_only(cfg, rt)
-        # only rank 0 writes the run dir; its lock keeps a second run out
-        with lock_run_dir(cfg.run_dir, fresh=not cfg.resume) if rt.is_master else contextlib.nullcontext(), \
-                StopSignal(escalate=not rt.ddp) as stop, rt.peer_failures():
+        # Only rank 0 writes the run dir; its lock keeps a second run out.
+        with torch_errors(cfg, rt), lock_run_dir(cfg.run_dir, fresh=not cfg.resume) if rt.is_master \
+                else contextlib.nullcontext(), StopSignal(escalate=not rt.ddp) as stop, rt.peer_failures(), \
+                open_data(cfg, rt) as data:
             with rt.together():  # a mistake every process finds (a bad --tokens-per-step) is printed once
-                run = start_run(cfg, rt, t_start)
-            stopped = None
-            try:
-                stopped = loop(run, stop, t_start)
-            except KeyboardInterrupt:  # a second Ctrl-C
-                stopped = "quit"
-            finally:
-                stop.hold = True  # past the loop a second Ctrl-C only marks a quit: the plot and summary still run
-                run.train_model = None  # the DDP wrapper holds the process group: rt.close() ends it
-                run.held.close()
-                if run.log is not None:
-                    run.log.plot()  # a crash or nan: still draw what was logged
-                    run.log.close(exit_code=exit_code(stopped) if stopped else 1)  # None: it failed
-            return finish(run, "quit" if stop.quit else stopped, t_start, stop)
+                ckpt = resumed_checkpoint(cfg, rt, data)
+                model, cfg = build_model(cfg, rt, data.manifest, ckpt)
+                optimizer = build_optimizer(model, cfg, rt, ckpt)
+                run = Run(cfg, rt, model, optimizer, data, ckpt, t_start)  # resumed where ckpt stopped
+            with run:
+                try:
+                    loop(run, stop)
+                except KeyboardInterrupt:  # a second Ctrl-C
+                    run.stopped = "quit"
+                stop.hold = True  # from here a second Ctrl-C only marks a quit: the plot and summary still run
+            if stop.quit:
+                run.stopped = "quit"
+            return finish(run, stop)
+
+
+@contextlib.contextmanager
+def torch_errors(cfg: TrainConfig, rt: Runtime) -> Iterator[None]:
+    """Out of memory, and a kernel --deterministic cannot have, are one line each."""
+    try:
+        yield
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if op := re.match(r"(\S+) does not have a deterministic implementation", str(e)):  # a GPU kernel
             raise UserError(f"--deterministic: {op[1]} has no deterministic kernel on {rt.device}; drop "
@@ -193,79 +197,71 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if (oom := out_of_memory(e, rt.device, cfg.run_dir / CKPT_NAME)) is None:
             raise
         raise oom from None
-    finally:
-        rt.close()
 
 
-def loop(run: Run, stop: StopSignal, t_start: float) -> str:
-    """Train until max_iters, the time limit or a stop signal; returns which one."""
-    cfg, st, rt = run.cfg, run.state, run.rt
-    budget = TimeBudget(cfg.max_time, t_start, final_estimate(run)) if cfg.max_time else None
-    bar = tqdm(total=cfg.max_iters, initial=st.step, disable=not rt.is_master, dynamic_ncols=True, unit="step")
-    stopped, window = "max_iters", []
+def loop(run: Run, stop: StopSignal) -> None:
+    """Train until max_iters, the time limit or a stop signal (run.stopped says which), then checkpoint."""
+    cfg, rt = run.cfg, run.rt
+    budget = TimeBudget(cfg.max_time, run.started, final_estimate(run)) if cfg.max_time else None
+    bar = tqdm(total=cfg.max_iters, initial=run.step, disable=not rt.is_master, dynamic_ncols=True, unit="step")
+    run.stopped, window = "max_iters", []
     with bar:
-        if st.step == 0 and budget is None:
-            eval_and_save(run, stop)  # the untrained model's loss anchors the curve (ln(vocab) expected)
+        if run.step == 0 and budget is None:
+            checkpoint(run, stop)  # the untrained model's loss anchors the curve (ln(vocab) expected)
         if budget is not None:
             budget.begin()
-        while st.step < cfg.max_iters:
+        while run.step < cfg.max_iters:
             t0 = time.perf_counter()
             if rt.threads:
                 rt.threads.update()  # as many CPU threads as other processes leave cores idle
-            multiplier = lr_multiplier(st.step, schedule_progress(st.step, cfg, budget), cfg)
+            multiplier = lr_multiplier(run.step, schedule_progress(run.step, cfg, budget), cfg)
             set_lr(run.optimizer, multiplier)
             loss = forward_backward(run.train_model, run.loader, rt)
             late = budget is not None and budget.out_of_time()
             loss, signalled, late = agree(rt, loss, stop.name is not None, late)
             if not math.isfinite(loss):
                 run.optimizer.zero_grad(set_to_none=True)
-                raise diverged(run, f"loss became {loss} at step {st.step + 1}")
+                raise diverged(run, f"loss became {loss} at step {run.step + 1}")
             grad_norm = optimizer_step(run.model, run.optimizer, rt, cfg.grad_clip)
-            st.step += 1
+            run.step += 1
             window.append((loss, time.perf_counter() - t0))
             if budget is not None:
                 budget.record(window[-1][1])
             bar.update(1)
-            if rt.is_master and (st.step % cfg.log_interval == 0 or signalled or late or st.step == cfg.max_iters):
+            if rt.is_master and (run.step % cfg.log_interval == 0 or signalled or late or run.step == cfg.max_iters):
                 log_progress(run, window, cfg.lr * multiplier, grad_norm, bar)
                 window = []
             if signalled or late:
-                stopped = (stop.name or "SIGTERM") if signalled else "max_time"
+                run.stopped = (stop.name or "SIGTERM") if signalled else "max_time"
                 break
-            if st.step % cfg.eval_interval == 0 and st.step < cfg.max_iters:
-                eval_and_save(run, stop, budget)
+            if run.step % cfg.eval_interval == 0 and run.step < cfg.max_iters:
+                checkpoint(run, stop, budget)
                 if agree(rt, torch.zeros((), device=rt.device), stop.name is not None)[1]:  # not one more step
-                    stopped = stop.name or "SIGTERM"
+                    run.stopped = stop.name or "SIGTERM"
                     break
-    if st.evaluated_at != st.step or st.saved_at != st.step:
-        eval_and_save(run, stop, budget, save_first=stopped.startswith("SIG"))
-    return stopped
+    if run.last_eval.get("step") != run.step or run.saved_at != run.step:
+        checkpoint(run, stop, budget, save_first=run.stopped.startswith("SIG"))
 
 
-def exit_code(stopped: str) -> int:
-    """A shell's code for a stop by signal: 128 + its number (quit, a second Ctrl-C: SIGINT's); else 0."""
-    name = "SIGINT" if stopped == "quit" else stopped
-    return 128 + signal.Signals[name] if name in signal.Signals.__members__ else 0
-
-
-def finish(run: Run, stopped: str, t_start: float, stop: StopSignal) -> dict[str, Any]:
+def finish(run: Run, stop: StopSignal) -> dict[str, Any]:
     """Print where the outputs are (and a sample); return the run's result."""
-    st, run_dir = run.state, run.run_dir
-    result = {"step": st.step, "stopped": stopped, "best_val": st.best_val, "elapsed": time.time() - t_start,
+    run_dir, stopped, losses = run.run_dir, run.stopped, run.losses
+    result = {"step": run.step, "stopped": stopped, "best_val": run.best_val, "elapsed": time.time() - run.started,
               "out_dir": str(run_dir), "checkpoint": str(run_dir / CKPT_NAME), "best": str(run_dir / BEST_NAME),
-              "metrics": str(run_dir / "metrics.jsonl"), "plot": str(run_dir / "loss.png"), **st.losses,
+              "metrics": str(run_dir / "metrics.jsonl"), "plot": str(run_dir / "loss.png"), **losses,
               "device": run.rt.device, "dtype": str(run.rt.dtype).removeprefix("torch.")}
     if not run.rt.is_master:
         return result
-    kept = f"kept {run_dir / CKPT_NAME} (step {st.saved_at})" if st.saved_at else "kept no checkpoint of this run"
+    kept = f"kept {run_dir / CKPT_NAME} (step {run.saved_at})" if run.saved_at else "kept no checkpoint of this run"
     if stopped == "quit":
-        print(f"quit at step {st.step}{'' if st.saved_at == st.step else ' without saving'}; {kept}", file=sys.stderr)
+        print(f"quit at step {run.step}{'' if run.saved_at == run.step else ' without saving'}; {kept}",
+              file=sys.stderr)
         return result
-    print(f"stopped at step {st.step} ({stopped}{'' if st.losses else ', during its eval'}) after "
+    print(f"stopped at step {run.step} ({stopped}{'' if losses else ', during its eval'}) after "
           f"{result['elapsed']:.1f}s")
-    if st.losses:
-        print(f"final: train loss {st.losses['train_loss']:.4f}, val loss {st.losses['val_loss']:.4f} "
-              f"(best val {st.best_val:.4f})")
+    if losses:
+        print(f"final: train loss {losses['train_loss']:.4f}, val loss {losses['val_loss']:.4f} "
+              f"(best val {run.best_val:.4f})")
     best = f"best       {result['best']} (lowest val loss, what sample.py reads)\n" \
         if (run_dir / BEST_NAME).is_file() else ""  # none when stopped before its first eval finished
     plot = f"\nloss curve {result['plot']}" if (run_dir / "loss.png").is_file() else ""  # matplotlib may have failed

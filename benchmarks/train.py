@@ -30,7 +30,7 @@ from benchmarks.runs import machine
 from configs import load_config
 from configs.errors import UserError
 from model.hf import GPT2_ARCH
-from training.run import start_run
+from training.run import Run, build_model, build_optimizer, open_data
 from training.runtime import setup, trainable
 
 # What PlainGPT implements, and how it trains: --impl plain/both needs the config to match.
@@ -98,7 +98,9 @@ def bench_train(args: argparse.Namespace) -> None:
                         f"differs in {', '.join(diff)}; add --override {' '.join(f'{k}={v}' for k, v in diff.items())}")
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp, contextlib.redirect_stdout(sys.stderr):
         rt = setup(cfg := replace(cfg, out_dir=tmp, wandb=False))  # stdout is for JSON lines only
-        run = start_run(cfg, rt, time.time())  # train.py's data, model (compiled if asked) and optimizer
+        data = open_data(cfg, rt)  # train.py's data, model (compiled if asked) and optimizer, in its order
+        model, cfg = build_model(cfg, rt, data.manifest, None)
+        run = Run(cfg, rt, model, build_optimizer(model, cfg, rt, None), data, None, time.time())
     cfg = run.cfg
     pool = [run.loader.next_step() for _ in range(max(1, min(64 // run.grad_accum, args.warmup + args.iters)))]
     states = {"ours": (run.model, run.optimizer, run.train_model)}

@@ -132,3 +132,9 @@ class StopSignal:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+def exit_code(stopped: str) -> int:
+    """A shell's code for a stop by signal: 128 + its number (quit, a second Ctrl-C: SIGINT's); else 0."""
+    name = "SIGINT" if stopped == "quit" else stopped
+    return 128 + signal.Signals[name] if name in signal.Signals.__members__ else 0

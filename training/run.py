@@ -1,7 +1,4 @@
-"""A training run's pieces: data, model, optimizer and state, fresh or resumed, evaluated, saved.
-
-start_run() builds them (Run, RunState); train.py's loop drives them.
-"""
+"""A training run's pieces, built in train.py's order: data, model, optimizer and the Run."""
 
 from __future__ import annotations
 
@@ -11,9 +8,9 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,6 +30,7 @@ from training.optim import configure_optimizer
 from training.plan import auto_batch_size, check_fits
 from training.reference import Reference
 from training.runlog import RunLog
+from training.budget import exit_code
 from training.runtime import Runtime, attention_kernel, capture_rng_state, restore_rng_state, trainable
 
 # The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
@@ -40,10 +38,33 @@ ARCH_FIELDS = tuple(k for k in MODEL_FIELDS if k not in ("dropout", "block_size"
 RESUME_KEYS = ("model", "train_config", "optimizer", "scaler", "step", "loader", "rng", "best_val", "manifest")
 
 
-def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> tuple[GPT, TrainConfig]:
-    """The GPT for this run: the resumed checkpoint's, --init-from weights, or fresh from cfg.
+def build_model(cfg: TrainConfig, rt: Runtime, manifest: dict[str, Any], ckpt: dict | None) -> tuple[GPT, TrainConfig]:
+    """The GPT for this run on its device: the resumed checkpoint's, --init-from weights, or fresh from cfg.
     Weights from a checkpoint or a pretrained model bring their architecture (cfg's model fields
     are updated to match and the difference is printed); dropout always comes from cfg."""
+    if not cfg.init_from:  # pretrained weights bring an architecture known only once loaded
+        arch = {k: v for k, v in (ckpt or {}).get("model_config", {}).items() if k in ARCH_FIELDS}
+        check_fits(replace(cfg, **arch), manifest["vocab_size"], rt)  # building allocates the masks
+    model, cfg = _weights(cfg, manifest, ckpt)
+    if cfg.batch_size == 0:  # --batch-size auto: sized from free memory, before the weights move there
+        cfg = auto_batch_size(cfg, model, rt)
+    return model.to(rt.device), cfg
+
+
+def build_optimizer(model: GPT, cfg: TrainConfig, rt: Runtime, ckpt: dict | None) -> torch.optim.Optimizer:
+    """AdamW (or Muon) for model, with its moments (and the loss scaler's state) from the checkpoint on --resume."""
+    optimizer = configure_optimizer(model, cfg, fused=rt.choices.fused_adamw, dtype=rt.choices.dtype)
+    if ckpt is not None:
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+            rt.scaler.load_state_dict(ckpt["scaler"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+            raise UserError(f"cannot resume {cfg.run_dir}: its optimizer state does not fit this run ({e}); resume "
+                            f"with the --optimizer it was saved with, or use --init-from {cfg.run_dir}") from None
+    return optimizer
+
+
+def _weights(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> tuple[GPT, TrainConfig]:
     vocab_size, trained_on = manifest["vocab_size"], ckpt and ckpt.get("manifest")
     if ckpt is not None:
         source: str | Path = cfg.run_dir / CKPT_NAME
@@ -89,8 +110,8 @@ def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
         raise UserError(f"--eval-only: no checkpoint in {cfg.run_dir}; train one first, or pass --init-from "
                         "(a run dir, a Hugging Face GPT-2 dir or a hub id such as gpt2)")
     ckpt = None if cfg.init_from else load_checkpoint(cfg.run_dir, best=True)
-    model, cfg = build_model(replace(cfg, eval_iters=0), manifest, ckpt)
-    losses = evaluate(model.to(rt.device), ds_dir, cfg, rt)
+    model, cfg = build_model(replace(cfg, eval_iters=0), rt, manifest, ckpt)
+    losses = evaluate(model, ds_dir, cfg, rt)
     print(f"{cfg.init_from or cfg.run_dir} on {cfg.dataset} (block_size {cfg.block_size}):")
     for split, extent in (("val", "the whole split"), ("train", "as many windows")):
         loss = losses[f"{split}_loss"]
@@ -157,7 +178,7 @@ def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime
 def sample_text(run: Run) -> str:
     """One sample of cfg.sample_tokens from the tokenizer's start token (end-of-text, else a newline), with its
     own generator so the training RNG streams are untouched (exact resume does not depend on sampling)."""
-    tok, rt = tokenizer_from_manifest(run.manifest), run.rt
+    tok, rt = tokenizer_from_manifest(run.data.manifest), run.rt
     idx = torch.tensor([[tok.start_id]], dtype=torch.long, device=rt.device)
     gen = torch.Generator(device=rt.device).manual_seed(run.cfg.seed)
     with rt.autocast():
@@ -166,33 +187,94 @@ def sample_text(run: Run) -> str:
 
 
 @dataclass
-class RunState:
-    """The loop's own progress; every checkpoint stores it."""
+class Data:
+    """The run's dataset: its folder and manifest, held (a shared lock) so that no prepare changes it mid-run."""
 
-    step: int = 0
-    best_val: float = math.inf
-    saved_at: int | None = None  # step of the newest ckpt.pt of this run
-    evaluated_at: int | None = None
-    losses: dict[str, float] = field(default_factory=dict)  # the newest eval's
-    wandb_id: str | None = None
-
-
-@dataclass
-class Run:
-    """Everything the loop works with, built once by start_run()."""
-
-    cfg: TrainConfig
-    rt: Runtime
-    model: torch.nn.Module  # the raw module: what is saved, evaluated and sampled
-    train_model: torch.nn.Module | None  # model, compiled and/or DDP-wrapped: what trains
-    optimizer: Any
-    loader: GlobalBatchLoader
+    dir: Path
     manifest: dict[str, Any]
-    ds_dir: Path
-    held: IO[str]  # the dataset's shared lock (hold_dataset), for the whole run
-    grad_accum: int
-    log: RunLog | None  # rank 0 only
-    state: RunState
+    held: contextlib.ExitStack
+
+    def __enter__(self) -> Data:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.held.close()
+
+
+def open_data(cfg: TrainConfig, rt: Runtime) -> Data:
+    """Rank 0 prepares the dataset (a preset on first use; a no-op later); every rank then holds it and
+    checks, before anything trains, that its tokenizer can be built and each split holds a block."""
+    with rt.together():
+        ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if rt.is_master else None
+    ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root, verbose=False)  # rank 0 said it
+    with contextlib.ExitStack() as held, rt.together():
+        held.enter_context(hold_dataset(ds_dir))  # a prepare of it now would change what later evals read
+        manifest = read_dataset_manifest(ds_dir)
+        tokenizer_from_manifest(manifest)  # fails now, not at the end-of-run sample
+        if short := [s for s in ("val", "train") if manifest[f"{s}_tokens"] <= cfg.block_size]:
+            raise UserError(f"{short[0]} split of {cfg.dataset} is shorter than one block "
+                            f"({cfg.block_size + 1} tokens); lower --block-size")
+        return Data(ds_dir, manifest, held.pop_all())
+
+
+def resumed_checkpoint(cfg: TrainConfig, rt: Runtime, data: Data) -> dict[str, Any] | None:
+    """--resume's checkpoint, checked against this run; None for a new run, which must not overwrite a trained one."""
+    run_dir = cfg.run_dir
+    if cfg.resume and not is_checkpoint(run_dir) and not (run_dir / BEST_NAME).is_file():
+        raise UserError(f"--resume: no checkpoint at {run_dir / CKPT_NAME}; drop --resume to start this run")
+    ckpt = load_checkpoint(run_dir / CKPT_NAME) if cfg.resume else None
+    if ckpt is not None:
+        check_resumable(cfg, ckpt, run_dir, data.manifest)
+    elif rt.is_master and ((run_dir / CKPT_NAME).is_file() or (run_dir / BEST_NAME).is_file()):
+        raise UserError(f"{run_dir} holds a trained run; continue it with --resume, or start over in another "
+                        f"--out-dir (or after deleting {run_dir})")
+    return ckpt
+
+
+class Run:
+    """What the loop works with: the model as it trains (compiled, DDP-wrapped), this rank's batches, the
+    run's progress and its log, restored from the checkpoint on --resume. Closing it (a `with` block) draws
+    loss.png and closes the log, marking the wandb run failed unless the run stopped as it should."""
+
+    def __init__(self, cfg: TrainConfig, rt: Runtime, model: GPT, optimizer: torch.optim.Optimizer, data: Data,
+                 ckpt: dict[str, Any] | None, started: float) -> None:
+        self.cfg, self.rt, self.model, self.optimizer, self.data, self.started = cfg, rt, model, optimizer, data, started
+        self.grad_accum = cfg.accumulation(rt.world_size)
+        self.loader = GlobalBatchLoader(data.dir / "train.bin", cfg.block_size,
+                                        self.grad_accum * cfg.batch_size * rt.world_size, self.grad_accum, rt.rank,
+                                        rt.world_size, rt.device, cfg.seed, cfg.sampling)
+        # What has been done: the steps, and the step of the newest ckpt.pt; the newest eval's record
+        # ({"step": n} alone when a stop signal cut it short) says whether this step was evaluated.
+        self.step, self.saved_at, self.last_eval = 0, None, {}
+        self.best_val, self.wandb_id, self.stopped = math.inf, None, None
+        if ckpt is not None:
+            self.loader.load_state_dict(ckpt["loader"])
+            self.step = self.saved_at = ckpt["step"]  # saves come with evals
+            self.best_val, self.wandb_id = ckpt["best_val"], ckpt.get("wandb_id")
+        example = torch.zeros(2, cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
+        self.train_model: torch.nn.Module | None = trainable(model, rt, tuple(example))  # compiled, DDP-wrapped
+        self.log = RunLog(self.run_dir, started, resume_step=self.step if ckpt is not None else None,
+                          reference=Reference.matching(cfg.to_dict(), rt.world_size)) if rt.is_master else None
+        if ckpt is not None:
+            self.last_eval = next((r for r in self.log.records if r["step"] == self.step and "val_loss" in r),
+                                  {"step": self.step}) if self.log else {"step": self.step}
+        if rt.is_master:
+            announce(self, resumed=ckpt is not None)
+            if rt.device_type == "cpu":
+                say_if_long(self)
+        if ckpt is not None:  # last, so nothing above (model init, compile) shifts the streams
+            restore_rng_state(ckpt["rng"])
+            if rt.rank:  # only rank 0's streams are saved; keep the ranks' dropout masks distinct
+                torch.manual_seed(int(np.random.SeedSequence([cfg.seed, rt.rank, self.step]).generate_state(1)[0]))
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, failed: type | None, *exc: Any) -> None:
+        self.train_model = None  # the DDP wrapper holds the process group: rt.close() ends it
+        if self.log is not None:
+            self.log.plot()  # a crash or nan: still draw what was logged
+            self.log.close(exit_code=1 if failed or self.stopped is None else exit_code(self.stopped))
 
     @property
     def run_dir(self) -> Path:
@@ -201,6 +283,13 @@ class Run:
     @property
     def tokens_per_step(self) -> int:
         return self.grad_accum * self.cfg.batch_size * self.cfg.block_size * self.rt.world_size
+
+    @property
+    def losses(self) -> dict[str, float]:
+        """This step's train and val loss, if this step was evaluated."""
+        if self.last_eval.get("step") != self.step:
+            return {}
+        return {k: self.last_eval[k] for k in ("train_loss", "val_loss") if k in self.last_eval}
 
 
 # A checkpoint holds the weights and AdamW's two moments (~3x the weights), written at the
@@ -217,7 +306,7 @@ def final_estimate(run: Run) -> Callable[[float], float]:
     for _ in range(2):
         t0 = time.perf_counter()
         probe_loss(run)
-    val_tokens = min(run.manifest["val_tokens"], cfg.eval_iters * eval_batch * cfg.block_size or math.inf)
+    val_tokens = min(run.data.manifest["val_tokens"], cfg.eval_iters * eval_batch * cfg.block_size or math.inf)
     evaluating = (time.perf_counter() - t0) * 2 * math.ceil(val_tokens / (eval_batch * cfg.block_size))  # val, train
     saving = SAVE_FIXED_S + CKPT_BYTES_PER_WEIGHT_BYTE * sum(p.numel() * p.element_size() for p in model.parameters()) \
         / DISK_BYTES_PER_S
@@ -227,7 +316,7 @@ def final_estimate(run: Run) -> Callable[[float], float]:
 def probe_loss(run: Run) -> float:
     """The loss on the first val batch, in eval mode (no random draw): a cheap look at the weights."""
     cfg = run.cfg
-    x, y = next(eval_batches(run.ds_dir / "val.bin", cfg.block_size, cfg.eval_batch_size or cfg.batch_size,
+    x, y = next(eval_batches(run.data.dir / "val.bin", cfg.block_size, cfg.eval_batch_size or cfg.batch_size,
                              run.rt.device, max_batches=1))
     run.model.eval()
     with torch.no_grad(), run.rt.autocast():
@@ -236,80 +325,20 @@ def probe_loss(run: Run) -> float:
     return loss
 
 
-def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
-    """Data, model, optimizer, loader and run log, fresh or restored from --resume."""
-    master, run_dir = rt.is_master, cfg.run_dir
-    with rt.together():  # rank 0 prepares the data (idempotent); the others then just find it
-        ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if master else None
-    ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root, verbose=False)  # rank 0 said it
-    held = hold_dataset(ds_dir)  # a prepare of it now would change what later evals read: refuse it
-    manifest = read_dataset_manifest(ds_dir)
-    tokenizer_from_manifest(manifest)  # fails now, not at the end-of-run sample, if it cannot be built
-    if short := [s for s in ("val", "train") if manifest[f"{s}_tokens"] <= cfg.block_size]:  # not at the first eval
-        raise UserError(f"{short[0]} split of {cfg.dataset} is shorter than one block "
-                        f"({cfg.block_size + 1} tokens); lower --block-size")
-    if cfg.resume and not is_checkpoint(run_dir) and not (run_dir / BEST_NAME).is_file():
-        raise UserError(f"--resume: no checkpoint at {run_dir / CKPT_NAME}; drop --resume to start this run")
-    ckpt = load_checkpoint(run_dir / CKPT_NAME) if cfg.resume else None
-    if ckpt is not None:
-        check_resumable(cfg, ckpt, run_dir, manifest)
-    elif master and ((run_dir / CKPT_NAME).is_file() or (run_dir / BEST_NAME).is_file()):
-        raise UserError(f"{run_dir} holds a trained run; continue it with --resume, or start over in another "
-                        f"--out-dir (or after deleting {run_dir})")
-    if not cfg.init_from:  # pretrained weights bring an architecture known only once loaded
-        arch = {k: v for k, v in (ckpt or {}).get("model_config", {}).items() if k in ARCH_FIELDS}
-        check_fits(replace(cfg, **arch), manifest["vocab_size"], rt)  # building allocates the masks
-    model, cfg = build_model(cfg, manifest, ckpt)
-    if cfg.batch_size == 0:  # --batch-size auto: sized from free memory, before the weights move there
-        cfg = auto_batch_size(cfg, model, rt)
-    model.to(rt.device)
-    optimizer = configure_optimizer(model, cfg, fused=rt.choices.fused_adamw, dtype=rt.choices.dtype)
-    grad_accum = cfg.accumulation(rt.world_size)
-    loader = GlobalBatchLoader(ds_dir / "train.bin", cfg.block_size, grad_accum * cfg.batch_size * rt.world_size,
-                               grad_accum, rt.rank, rt.world_size, rt.device, cfg.seed, cfg.sampling)
-    state = RunState()
-    if ckpt is not None:
-        try:
-            optimizer.load_state_dict(ckpt["optimizer"])
-            rt.scaler.load_state_dict(ckpt["scaler"])
-            loader.load_state_dict(ckpt["loader"])
-        except (KeyError, ValueError, TypeError, RuntimeError) as e:
-            raise UserError(f"cannot resume {run_dir}: its optimizer state does not fit this run ({e}); resume with "
-                            f"the --optimizer it was saved with, or use --init-from {run_dir}") from None
-        state = RunState(step=ckpt["step"], best_val=ckpt["best_val"], saved_at=ckpt["step"],
-                         evaluated_at=ckpt["step"], wandb_id=ckpt.get("wandb_id"))  # saves come with evals
-    example = torch.zeros(2, cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
-    train_model = trainable(model, rt, tuple(example))  # compiled (or not) and DDP-wrapped
-    log = RunLog(run_dir, t_start, resume_step=state.step if ckpt is not None else None,
-                 reference=Reference.matching(cfg.to_dict(), rt.world_size)) if master else None
-    state.losses = next(({k: r[k] for k in ("train_loss", "val_loss")} for r in (log.records if log else [])
-                         if r["step"] == state.step and "val_loss" in r), {})  # for finish()'s summary
-    run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, held, grad_accum, log, state)
-    if master:
-        announce(run, resumed=ckpt is not None)
-        if rt.device_type == "cpu":
-            say_if_long(run)
-    if ckpt is not None:  # last, so nothing above (model init, compile) shifts the streams
-        restore_rng_state(ckpt["rng"])
-        if rt.rank:  # only rank 0's streams are saved; keep the ranks' dropout masks distinct
-            torch.manual_seed(int(np.random.SeedSequence([cfg.seed, rt.rank, state.step]).generate_state(1)[0]))
-    return run
-
-
 def announce(run: Run, resumed: bool) -> None:
     """Start wandb, write config.json and manifest.json, print what runs where."""
-    cfg, rt, st = run.cfg, run.rt, run.state
+    cfg, rt = run.cfg, run.rt
     if cfg.wandb:  # first: wandb that cannot start leaves no files behind
-        st.wandb_id = run.log.start_wandb(cfg.wandb_project, cfg.wandb_run_name or cfg.name, cfg.to_dict(),
-                                          st.wandb_id)
+        run.wandb_id = run.log.start_wandb(cfg.wandb_project, cfg.wandb_run_name or cfg.name, cfg.to_dict(),
+                                           run.wandb_id)
     if not resumed:  # a resume's settings replace the run's with its first checkpoint (save): it may fail before
         write_json(run.run_dir / "config.json", cfg.to_dict())
-    write_json(run.run_dir / "manifest.json", run.manifest)
+    write_json(run.run_dir / "manifest.json", run.data.manifest)
     print(f"config {cfg.name}: {cfg.summary()}")
     print(f"{run.model.num_params() / 1e6:.2f}M params | {run.tokens_per_step} tokens/step = "
           f"{run.grad_accum} accum x {rt.world_size} proc x {cfg.batch_size} x {cfg.block_size} | "
-          f"{cfg.dataset}: {run.manifest['train_tokens']:,} train tokens"
-          + (f" | resuming at step {st.step}" if resumed else "")
+          f"{cfg.dataset}: {run.data.manifest['train_tokens']:,} train tokens"
+          + (f" | resuming at step {run.step}" if resumed else "")
           + ("" if rt.attention else f" | {attention_kernel(cfg, rt)}"))  # setup() left it to the weights
 
 
@@ -325,7 +354,7 @@ def say_if_long(run: Run) -> None:
         run.model(x, x)[1].backward()
     step = run.grad_accum * (time.perf_counter() - t0)  # evals left out: "about" needs no more
     run.model.train().zero_grad(set_to_none=True)
-    seconds = min(step * (cfg.max_iters - run.state.step), cfg.max_time or math.inf)
+    seconds = min(step * (cfg.max_iters - run.step), cfg.max_time or math.inf)
     if seconds > 3600:  # an hour: a run a user should choose knowingly
         print(f"note: this run would take about {seconds / 3600:.0f} h on this CPU ({step:.1f} s a step); {cfg.name} "
               "is sized for a GPU (train.py --plan shows its time there); on a CPU use --config small, or set "
@@ -337,8 +366,8 @@ class TrainingDiverged(UserError):
 
 
 def diverged(run: Run, what: str) -> TrainingDiverged:
-    st, path = run.state, run.run_dir / CKPT_NAME
-    kept = f"the last good checkpoint is {path} (step {st.saved_at})" if st.saved_at else "this run saved no checkpoint"
+    path = run.run_dir / CKPT_NAME
+    kept = f"the last good checkpoint is {path} (step {run.saved_at})" if run.saved_at else "this run saved no checkpoint"
     return TrainingDiverged(f"{what}; stopped without saving, {kept}; try a lower --lr, --grad-clip 1.0 or "
                             "--dtype float32")
 
@@ -346,19 +375,18 @@ def diverged(run: Run, what: str) -> TrainingDiverged:
 def save(run: Run) -> None:
     """Write ckpt.pt, never from weights that blew up (a stop can land right after such an update, which
     leaves them finite but huge): they would replace the last good checkpoint."""
-    st = run.state
-    # this step's eval found its loss finite (record_eval saves after it); a save before one must look
-    loss = st.losses["val_loss"] if st.evaluated_at == st.step and st.losses else probe_loss(run)
+    # this step's eval found its loss finite (the checkpoint step saves after it); a save before one must look
+    loss = run.losses["val_loss"] if run.losses else probe_loss(run)
     if not (math.isfinite(loss) and torch.stack([p.isfinite().all() for p in run.model.parameters()]).all()):
-        raise diverged(run, f"the weights diverged at step {st.step} (loss {loss} on a val batch)")
+        raise diverged(run, f"the weights diverged at step {run.step} (loss {loss} on a val batch)")
     save_checkpoint(run.run_dir, {
         "model": run.model.state_dict(), "model_config": asdict(run.model.config),
         "train_config": run.cfg.to_dict(), "optimizer": run.optimizer.state_dict(),
-        "scaler": run.rt.scaler.state_dict(), "step": st.step, "loader": run.loader.state_dict(),
-        "rng": capture_rng_state(), "best_val": st.best_val, "wandb_id": st.wandb_id,
-        "manifest": run.manifest})
+        "scaler": run.rt.scaler.state_dict(), "step": run.step, "loader": run.loader.state_dict(),
+        "rng": capture_rng_state(), "best_val": run.best_val, "wandb_id": run.wandb_id,
+        "manifest": run.data.manifest})
     write_json(run.run_dir / "config.json", run.cfg.to_dict())  # what --resume reads: the settings of this ckpt.pt
-    st.saved_at = st.step
+    run.saved_at = run.step
 
 
 LOCK_NAME = ".lock"

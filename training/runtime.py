@@ -208,7 +208,10 @@ class Runtime:
             raise UserError(f"process {self.rank} of {self.world_size}: {reason}; {cause}; restart the job, with "
                             "--resume if it saved a checkpoint") from None
 
-    def close(self) -> None:
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
         """Destroy the process group once the DDP wrapper is gone, so gloo joins its threads now: left
         running into interpreter exit, one can abort a finished job."""
         if self.ddp and torch.distributed.is_initialized():
