@@ -74,22 +74,20 @@ def write_tokens(path: str | os.PathLike, tokens: np.ndarray | Iterable[np.ndarr
     dtype = dtype_for_vocab(vocab_size)
     flat = isinstance(tokens, (list, tuple)) and (not tokens or np.isscalar(tokens[0]))  # a list of ids
     chunks: Iterable = [tokens] if flat or isinstance(tokens, np.ndarray) else tokens
-    count = 0
 
     def write(f: IO[bytes]) -> None:
-        nonlocal count
         f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, 0))  # the count is patched in below
         for chunk in map(np.asarray, chunks):
             if chunk.size and (chunk.min() < 0 or chunk.max() >= vocab_size):
                 bad = chunk.max() if chunk.max() >= vocab_size else chunk.min()
                 raise ValueError(f"token id {bad} outside vocab of size {vocab_size}")
             f.write(memoryview(np.ascontiguousarray(chunk, dtype=dtype)))
-            count += chunk.size
+        count = (f.tell() - HEADER_SIZE) // dtype.itemsize
         f.seek(0)
         f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, count))
 
     atomic_write(Path(path), write)
-    return count
+    return (Path(path).stat().st_size - HEADER_SIZE) // dtype.itemsize
 
 
 def truncate_tokens(path: str | os.PathLike, count: int) -> None:

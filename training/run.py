@@ -406,33 +406,11 @@ def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitSta
     mixing its files with ours. Keep the returned lock open for the run; closing it releases the
     lock, and so does the process ending in any way (flock locks die with their process, so a
     kill -9 leaves no stale lock). Temp files left by killed saves are removed here; a `with` block
-    that fails before the run wrote anything removes what this call created. A fresh run refuses a
-    folder holding files no run wrote (hidden ones aside): it would overwrite someone's config.json or model.
-    A run's folder is known by its lock file, which every run creates before it writes anything else."""
+    that fails before the run wrote anything removes what this call created."""
     import fcntl
 
     run_dir = Path(run_dir)
-    try:
-        if is_dataset(run_dir):  # its next rebuild would replace the run
-            raise UserError(f"--out-dir {run_dir} holds a prepared dataset; pick another --out-dir")
-        created = [p for p in (run_dir / LOCK_NAME, run_dir, *run_dir.parents) if not p.exists()]
-        run_dir.mkdir(parents=True, exist_ok=True)
-        held = sorted(os.listdir(run_dir))
-        links = [name for name in held if (run_dir / name).is_symlink()]
-        ours = LOCK_NAME in held  # every run makes it before it writes anything, so run files without it are not ours
-        foreign = [name for name in held if fresh and not (ours and name in (*RUN_FILES, "wandb")) and name[0] != "."
-                   and not name.endswith(".log")]  # `| tee out/x/train.log` creates its file first
-        lock = None if links or foreign else open(run_dir / LOCK_NAME, "a+")
-    except OSError as e:
-        what = "is a file, not a directory" if os.path.isfile(run_dir) else f"cannot be written ({e.strerror}: {e.filename})"
-        raise UserError(f"--out-dir {run_dir} {what}; pick another --out-dir") from None
-    if links:  # writing through them would change files outside the run dir
-        raise UserError(f"{run_dir} holds symbolic links ({', '.join(links)}); a run writes only inside its out "
-                        "dir: remove them or pick another --out-dir")
-    if foreign:
-        foreign.sort(key=lambda name: name in RUN_FILES)  # the telling names first
-        raise UserError(f"--out-dir {run_dir} holds files no run of this project wrote ({', '.join(foreign[:3])}"
-                        f"{', ...' * (len(foreign) > 3)}); pick another --out-dir")
+    created, lock = _usable_out_dir(run_dir, fresh)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -454,3 +432,32 @@ def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitSta
     held.enter_context(lock)
     held.push(lambda failed, *_: failed is not None and _remove_if_unused(created))  # falsy: the error goes on
     return held
+
+
+def _usable_out_dir(run_dir: Path, fresh: bool) -> tuple[list[Path], Any]:
+    """Create run_dir if need be and open its lock file; returns what was created, and the lock file.
+    A fresh run refuses a folder holding files no run wrote (hidden ones aside): it would overwrite
+    someone's config.json or model. A run's folder is known by its lock file, which every run creates
+    before it writes anything else."""
+    try:
+        if is_dataset(run_dir):  # its next rebuild would replace the run
+            raise UserError(f"--out-dir {run_dir} holds a prepared dataset; pick another --out-dir")
+        created = [p for p in (run_dir / LOCK_NAME, run_dir, *run_dir.parents) if not p.exists()]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        held = sorted(os.listdir(run_dir))
+        links = [name for name in held if (run_dir / name).is_symlink()]
+        ours = LOCK_NAME in held
+        foreign = [name for name in held if fresh and not (ours and name in (*RUN_FILES, "wandb")) and name[0] != "."
+                   and not name.endswith(".log")]  # `| tee out/x/train.log` creates its file first
+        lock = None if links or foreign else open(run_dir / LOCK_NAME, "a+")
+    except OSError as e:
+        what = "is a file, not a directory" if os.path.isfile(run_dir) else f"cannot be written ({e.strerror}: {e.filename})"
+        raise UserError(f"--out-dir {run_dir} {what}; pick another --out-dir") from None
+    if links:  # writing through them would change files outside the run dir
+        raise UserError(f"{run_dir} holds symbolic links ({', '.join(links)}); a run writes only inside its out "
+                        "dir: remove them or pick another --out-dir")
+    if foreign:
+        foreign.sort(key=lambda name: name in RUN_FILES)  # the telling names first
+        raise UserError(f"--out-dir {run_dir} holds files no run of this project wrote ({', '.join(foreign[:3])}"
+                        f"{', ...' * (len(foreign) > 3)}); pick another --out-dir")
+    return created, lock
