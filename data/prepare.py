@@ -65,36 +65,9 @@ def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: st
              revision: str | None, text_column: str, streaming: bool,
              tokenizer: str | None) -> tuple[Source, str, str]:
     """(source, tokenizer name, output name) from the prepare() arguments."""
-    given = [flag for flag, v in (("--text", text), ("--files", files), ("--hf", hf)) if v]
-    if len(given) > 1:
-        raise UserError(f"give one source, not {' and '.join(given)}")
-    hub = [f for f, v in (("--subset", subset), ("--split", split != "train"), ("--revision", revision),
-                          ("--streaming", streaming)) if v]
-    if hub and not hf:  # else silently ignored
-        raise UserError(f"{', '.join(hub)}: for --hf datasets only; drop {'them' if len(hub) > 1 else 'it'}")
-    if hf and Path(hf).is_file():  # else taken for a hub id, with advice to download it from the hub
-        raise UserError(f"--hf {hf} is a file; --hf takes a dataset directory or hub id: give a text file to --text, "
-                        "a parquet, jsonl, json or csv file to --files")
-    if hf and Path(hf).is_dir() and (local := [f for f in hub if f in ("--revision", "--streaming")]):  # else ignored
-        raise UserError(f"{', '.join(local)}: for hub datasets; {hf} is a local folder, read as it is; "
-                        f"drop {'them' if len(local) > 1 else 'it'}")
-    if text_column != "text" and not (hf or files):
-        raise UserError("--text-column: for --hf datasets and --files with columns (parquet, jsonl, json, csv); "
-                        "drop it")
+    given = _one_source(text, files, hf, subset, split, revision, text_column, streaming)
     if not given:
-        if name is None:
-            raise UserError(f"name a preset ({', '.join(PRESETS)}) or give --text, --files or --hf")
-        if name not in PRESETS:
-            raise UserError(f"unknown dataset preset {name!r}; presets: {', '.join(PRESETS)} "
-                            "(or prepare your own text with --text/--files/--hf)")
-        preset = PRESETS[name]
-        if tokenizer not in (None, preset["tokenizer"]):
-            raise UserError(f"preset {name!r} uses tokenizer {preset['tokenizer']!r}; for another "
-                            f"tokenizer use --text {preset['text']} --tokenizer {tokenizer}")
-        source = text_source(preset["text"])
-        # Record the corpus repo-relative so moving the checkout does not look like a new source.
-        source.description["path"] = str(Path(preset["text"]).relative_to(CORPORA.parent.parent))
-        return source, preset["tokenizer"], name
+        return _preset(name, tokenizer)
     tokenizer = tokenizer or "gpt2"
     if tokenizer not in TOKENIZERS:
         raise UserError(f"unknown tokenizer {tokenizer!r}; choose one of: {', '.join(TOKENIZERS)}")
@@ -112,6 +85,45 @@ def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: st
     if name in PRESETS:  # a run asking for the preset would rebuild it from the bundled text over this one
         raise UserError(f"{name!r} is a preset's name; pass another --name for this text")
     return source, tokenizer, name
+
+
+def _one_source(text: Any, files: Any, hf: str | None, subset: str | None, split: str, revision: str | None,
+                text_column: str, streaming: bool) -> list[str]:
+    """The source flags given (at most one), refusing options that would do nothing for it."""
+    given = [flag for flag, v in (("--text", text), ("--files", files), ("--hf", hf)) if v]
+    if len(given) > 1:
+        raise UserError(f"give one source, not {' and '.join(given)}")
+    hub = [f for f, v in (("--subset", subset), ("--split", split != "train"), ("--revision", revision),
+                          ("--streaming", streaming)) if v]
+    if hub and not hf:  # else silently ignored
+        raise UserError(f"{', '.join(hub)}: for --hf datasets only; drop {'them' if len(hub) > 1 else 'it'}")
+    if hf and Path(hf).is_file():  # else taken for a hub id, with advice to download it from the hub
+        raise UserError(f"--hf {hf} is a file; --hf takes a dataset directory or hub id: give a text file to --text, "
+                        "a parquet, jsonl, json or csv file to --files")
+    if hf and Path(hf).is_dir() and (local := [f for f in hub if f in ("--revision", "--streaming")]):  # else ignored
+        raise UserError(f"{', '.join(local)}: for hub datasets; {hf} is a local folder, read as it is; "
+                        f"drop {'them' if len(local) > 1 else 'it'}")
+    if text_column != "text" and not (hf or files):
+        raise UserError("--text-column: for --hf datasets and --files with columns (parquet, jsonl, json, csv); "
+                        "drop it")
+    return given
+
+
+def _preset(name: str | None, tokenizer: str | None) -> tuple[Source, str, str]:
+    """A preset's bundled text and tokenizer."""
+    if name is None:
+        raise UserError(f"name a preset ({', '.join(PRESETS)}) or give --text, --files or --hf")
+    if name not in PRESETS:
+        raise UserError(f"unknown dataset preset {name!r}; presets: {', '.join(PRESETS)} "
+                        "(or prepare your own text with --text/--files/--hf)")
+    preset = PRESETS[name]
+    if tokenizer not in (None, preset["tokenizer"]):
+        raise UserError(f"preset {name!r} uses tokenizer {preset['tokenizer']!r}; for another "
+                        f"tokenizer use --text {preset['text']} --tokenizer {tokenizer}")
+    source = text_source(preset["text"])
+    # Record the corpus repo-relative so moving the checkout does not look like a new source.
+    source.description["path"] = str(Path(preset["text"]).relative_to(CORPORA.parent.parent))
+    return source, preset["tokenizer"], name
 
 
 def _reusable(out_dir: Path, source: Source, tokenizer: str, val_fraction: float) -> dict[str, Any] | None:
