@@ -220,15 +220,7 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
     and the stream, cut short, becomes train.bin (disk peaks at 1 + val_fraction times, not 2)."""
     from tqdm import tqdm
 
-    if tok_name == "char":
-        chars: set[str] = set(CHAR_DOC_SEPARATOR)
-        documents = source.documents()  # opens the source: errors surface before any progress bar
-        for doc in tqdm(documents, total=source.total, unit="doc", disable=not verbose,
-                        desc=f"{out_dir.name}: char vocabulary"):
-            chars.update(doc)
-        tok = get_tokenizer("char", chars=sorted(chars))
-    else:
-        tok = get_tokenizer(tok_name)
+    tok = _documents_tokenizer(source, tok_name, out_dir.name, verbose)
     hasher = hashlib.sha256()
     documents = source.documents()
 
@@ -261,6 +253,19 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
     truncate_tokens(stream, cut)
     os.replace(stream, out_dir / "train.bin")
     return tok, counts, None if source.sha256 else hasher.hexdigest()
+
+
+def _documents_tokenizer(source: Source, tok_name: str, name: str, verbose: bool) -> Tokenizer:
+    """tok_name's tokenizer; a char one takes its vocabulary from a first pass over the documents."""
+    from tqdm import tqdm
+
+    if tok_name != "char":
+        return get_tokenizer(tok_name)
+    chars: set[str] = set(CHAR_DOC_SEPARATOR)
+    documents = source.documents()  # opens the source: errors surface before any progress bar
+    for doc in tqdm(documents, total=source.total, unit="doc", disable=not verbose, desc=f"{name}: char vocabulary"):
+        chars.update(doc)
+    return get_tokenizer("char", chars=sorted(chars))
 
 
 def hold_dataset(ds_dir: str | os.PathLike, *, rebuild: bool = False) -> IO[str]:
@@ -366,21 +371,27 @@ def prepare(name: str | None = None, *, text: str | os.PathLike | None = None,
                             "pass another --name or --out-root, or delete it")
         tok, counts, text_hash = (_prepare_single_text if single else _prepare_documents)(
             source, tok_name, work, val_fraction, num_proc, verbose)
-        manifest = {
-            "version": VERSION, "name": name, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
-            **({"chars": "".join(tok.chars)} if tok.name == "char" else {}),  # type: ignore[attr-defined]
-            "eot_id": tok.eot_id, "train_tokens": counts["train"], "val_tokens": counts["val"],
-            "dtype": dtype_for_vocab(tok.vocab_size).name, "source": source.description,
-            "sha256": source.sha256 or text_hash, "val_fraction": val_fraction,
-            "split_by": "characters" if single else "tokens",
-            "doc_separator": None if single else ("<|endoftext|>" if tok.eot_id is not None else CHAR_DOC_SEPARATOR),
-        }
+        manifest = _manifest(name, tok, counts, source, text_hash, val_fraction, single)
         write_json(work / "manifest.json", manifest, ensure_ascii=False)  # chars as they read
     if verbose:
         print(f"{name}: {tok.name} tokenizer, vocab {tok.vocab_size:,}; train {counts['train']:,} tokens, val "
               f"{counts['val']:,} tokens ({manifest['dtype']}) in {time.perf_counter() - t0:.2f}s -> {out_dir}",
               flush=True)
     return out_dir
+
+
+def _manifest(name: str, tok: Any, counts: dict[str, int], source: Source, text_hash: str, val_fraction: float,
+              single: bool) -> dict[str, Any]:
+    """What a dataset's manifest.json records: the tokenizer and its vocabulary, the counts, the source."""
+    return {
+        "version": VERSION, "name": name, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
+        **({"chars": "".join(tok.chars)} if tok.name == "char" else {}),
+        "eot_id": tok.eot_id, "train_tokens": counts["train"], "val_tokens": counts["val"],
+        "dtype": dtype_for_vocab(tok.vocab_size).name, "source": source.description,
+        "sha256": source.sha256 or text_hash, "val_fraction": val_fraction,
+        "split_by": "characters" if single else "tokens",
+        "doc_separator": None if single else ("<|endoftext|>" if tok.eot_id is not None else CHAR_DOC_SEPARATOR),
+    }
 
 
 @entry_point

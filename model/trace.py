@@ -136,6 +136,11 @@ def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
             ax.set_xlabel("key (attended to)")
     fig.suptitle(f"attention weights, layer {layer} (of 0..{n_layer - 1}), {T} prompt tokens")
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="weight")
+    return _save(fig, plt, path)
+
+
+def _save(fig: Any, plt: Any, path: str) -> Path:
+    """fig as a PNG at path (.png added when it has no suffix), closed; a path it cannot write is one line."""
     out = Path(path) if Path(path).suffix else Path(path).with_suffix(".png")  # what savefig writes then
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
