@@ -23,9 +23,10 @@ def lengths_to_mask(valid_lens: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class CausalSelfAttention(nn.Module):
-    """Fused multi-head attention, the GPT's. A query with no key to attend to (every key hidden:
-    a cross-attention context or cached step with nothing real for it) gets attention 0, so its
-    output is c_proj's bias: SDPA's safe softmax gives 0, and the explicit path does the same."""
+    """Fused multi-head causal self-attention, the GPT's. A query with no key to attend to (a
+    cached step whose token is padding, with nothing real cached before it) gets attention 0, so
+    its output is c_proj's bias: SDPA's safe softmax gives 0, and the explicit path does the same.
+    Cross-attention and valid lengths are MultiHeadAttention's, below: the GPT uses neither."""
 
     def __init__(self, config: GPTConfig, layer_idx: int = 0):
         super().__init__()
@@ -44,57 +45,37 @@ class CausalSelfAttention(nn.Module):
         future = torch.ones(config.block_size, config.block_size, dtype=torch.bool).triu_(1)  # in place: no 2nd copy
         self.register_buffer("causal_mask", future, persistent=False)
 
-    def forward(self, x: torch.Tensor, *, context: torch.Tensor | None = None,
-                padding_mask: torch.Tensor | None = None, valid_lens: torch.Tensor | None = None,
-                rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C). context: (B, Tc, C) keys/values come from here instead of x
-        (cross-attention, no causal mask). padding_mask: (B, Tk) bool, True marks a real key;
-        valid_lens: (B,) the same for right-padded keys. rotary: (cos, sin) for the query positions.
-        kv_cache: keys/values of earlier positions; this call writes the step's slots (KVCache.begin,
-        called by the GPT) and attends by the cache's mask instead."""
+    def forward(self, x: torch.Tensor, *, padding_mask: torch.Tensor | None = None,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). padding_mask (B, T) bool, True marks a real token. rotary: (cos, sin)
+        for the query positions. kv_cache: keys and values of earlier positions; this call writes the
+        step's slots (KVCache.begin, called by the GPT) and attends by the cache's mask instead."""
         B, T, C = x.size()
-        if context is None:
-            q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, 3C) -> 3 x (B, T, C)
-        else:  # the same weights: queries from x, keys and values from context
-            if kv_cache is not None:
-                raise ValueError("a KV cache is for self-attention; cross-attention keys do not grow")
-            w, b = self.c_attn.weight, self.c_attn.bias
-            q = F.linear(x, w[:C], None if b is None else b[:C])  # (B, T, C)
-            k, v = F.linear(context, w[C:], None if b is None else b[C:]).split(C, dim=2)  # (B, Tc, 2C) -> 2 x (B, Tc, C)
+        q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, 3C) -> 3 x (B, T, C)
         q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, T, C) -> (B, nh, T, hs)
-        k = k.view(B, -1, self.n_head, self.head_size).transpose(1, 2)  # (B, Tk, C) -> (B, nh, Tk, hs)
-        v = v.view(B, -1, self.n_head, self.head_size).transpose(1, 2)  # (B, Tk, C) -> (B, nh, Tk, hs)
+        k = k.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, T, C) -> (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, T, C) -> (B, nh, T, hs)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if rotary is not None and context is None:
+        if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-
-        mask = None  # bool (B|1, 1, T, Tk), True = attend; None: all but the future
+        mask = None  # bool (B, 1, T, Tk), True = attend. None means plain causal, which SDPA runs fastest.
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nh, max_len, hs): every slot
             mask = kv_cache.attn_mask  # (B, 1, T, max_len): which slots each query sees
-        elif padding_mask is not None or valid_lens is not None:
-            if valid_lens is not None:
-                padding_mask = lengths_to_mask(valid_lens, k.size(2))
-            mask = padding_mask[:, None, None, :]  # (B, Tk) -> (B, 1, 1, Tk), broadcast over heads
-            if context is None:
-                # A padding query sees no real key before it; letting it see itself (the diagonal)
-                # keeps its softmax finite. Its output is garbage that nothing downstream reads.
-                eye = torch.eye(T, dtype=torch.bool, device=mask.device)
-                mask = (mask & ~self.causal_mask[:T, :T]) | eye
-        causal = mask is None and context is None  # the flash kernel's is_causal: no mask to read
+        elif padding_mask is not None:
+            # A padding query sees no real key before it, so it also sees itself (the diagonal) to keep
+            # its softmax finite. Its output is garbage that nothing downstream reads.
+            eye = torch.eye(T, dtype=torch.bool, device=x.device)
+            mask = (padding_mask[:, None, None, :] & ~self.causal_mask[:T, :T]) | eye  # (B, T) -> (B, 1, T, T)
         if self.use_sdpa:  # what the config names runs, compiled or not (a device's faster path is a config's)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and T > 1,
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                                dropout_p=self.dropout if self.training else 0.0)
         else:  # softmax(q k^T / sqrt(hs)) v, spelled out
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_size))  # (B, nh, T, Tk)
-            if causal:
-                att = att.masked_fill(self.causal_mask[:T, :T], float("-inf"))
-            elif mask is not None:
-                att = att.masked_fill(~mask, float("-inf"))
+            att = att.masked_fill(self.causal_mask[:T, :T] if mask is None else ~mask, float("-inf"))
             att = F.softmax(att.float(), dim=-1).type_as(q)
-            if mask is not None:  # an all-hidden row's softmax is NaN: 0, as SDPA gives
+            if mask is not None:  # A row that hides every key has a NaN softmax; SDPA gives it 0, so do we.
                 att = att.masked_fill(~mask.any(-1, keepdim=True), 0.0)
             att = self.attn_dropout(att)  # the weights pass here: model/trace.py reads them with a hook
             y = att @ v  # (B, nh, T, Tk) @ (B, nh, Tk, hs) -> (B, nh, T, hs)

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import CausalSelfAttention, lengths_to_mask
+from .attention import CausalSelfAttention
 from .kv_cache import KVCache, decode
 from .layers import Rotary, make_norm
 
@@ -101,31 +101,27 @@ class GPT(nn.Module):
         matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         return 6 * matmul_params + 12 * self.config.n_layer * self.config.n_embd * T
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                padding_mask: torch.Tensor | None = None, valid_lens: torch.Tensor | None = None,
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, padding_mask: torch.Tensor | None = None,
                 kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits (B, T, V), loss or None).
 
         targets (B, T): next-token ids; positions holding -1 (padding) are left out of the loss.
-        padding_mask (B, T) bool, True = real token, or valid_lens (B,) for right padding:
-        padding never serves as a key, and positions count real tokens only, so a
-        left-padded row gives the same logits as the same row unpadded.
+        padding_mask (B, T) bool, True = real token: padding never serves as a key, and positions
+        count real tokens only, so a left-padded row gives the same logits as the same row unpadded.
         (Hidden states and attention weights: model/trace.py catches them with hooks.)
         """
-        x = self.trunk(idx, padding_mask, valid_lens, kv_cache)
+        x = self.trunk(idx, padding_mask, kv_cache)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, C) -> (B, T, V)
         if targets is None:
             return logits, None
         return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)  # (B*T, V)
 
-    def trunk(self, idx: torch.Tensor, padding_mask: torch.Tensor | None = None, valid_lens: torch.Tensor | None = None,
+    def trunk(self, idx: torch.Tensor, padding_mask: torch.Tensor | None = None,
               kv_cache: KVCache | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
         """Everything before the final norm: (B, T) ids -> residual stream (B, T, C).
         With kv_cache the tokens go to the cache's next slots, or to `slots` (T,) when the
         caller claimed them (a compiled decode step reads no Python int that changes)."""
         B, T = idx.size()
-        if valid_lens is not None:
-            padding_mask = lengths_to_mask(valid_lens, T)
         if kv_cache is not None:  # the cache's attn_mask carries the padding from here on
             pos = kv_cache.begin(kv_cache.claim(T) if slots is None else slots, padding_mask)  # (B, T)
         elif T > self.config.block_size:
