@@ -26,7 +26,6 @@ start_script(__name__)  # first: Ctrl-C during the imports below (torch: seconds
 
 import contextlib
 import math
-import re
 import shlex
 import sys
 import time
@@ -191,8 +190,10 @@ def torch_errors(cfg: TrainConfig, rt: Runtime) -> Iterator[None]:
     try:
         yield
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
-        if op := re.match(r"(\S+) does not have a deterministic implementation", str(e)):  # a GPU kernel
-            raise UserError(f"--deterministic: {op[1]} has no deterministic kernel on {rt.device}; drop "
+        # torch's error for a kernel without a deterministic version is a plain RuntimeError: no type or
+        # attribute tells it apart or names the op, so its text is matched (the op is left unnamed, not parsed)
+        if rt.deterministic and "does not have a deterministic implementation" in str(e):
+            raise UserError(f"--deterministic: an op this run needs has no deterministic kernel on {rt.device}; drop "
                             "--deterministic (runs then repeat only approximately)") from None
         if (oom := out_of_memory(e, rt.device, cfg.run_dir / CKPT_NAME)) is None:
             raise

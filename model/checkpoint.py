@@ -13,7 +13,7 @@ so it loads with `torch.load(weights_only=True)` (no pickled code runs when open
 from __future__ import annotations
 
 import os
-import re
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -94,14 +94,25 @@ def load_checkpoint(path: str | Path | None = None, best: bool = False) -> dict[
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, random bytes, pickled objects...: all unusable
         # Not torch's advice (weights_only=False runs the file's code), and only its first sentence.
-        found, reason = re.search(r"GLOBAL (\S+)", str(e)), first_line(e, 300).split(". ")[0]
-        reason = (f" (it holds pickled Python objects ({found[1]}), which could run code)" if found
-                  else "" if reason.startswith("Weights only load failed") else f" ({reason})")
+        if not isinstance(e, pickle.UnpicklingError):  # a truncated zip, an empty file
+            reason = f" ({first_line(e).split('. ')[0]})"
+        elif unsafe := unsafe_globals(p):  # weights_only refused what the file would import
+            reason = f" (it holds pickled Python objects ({', '.join(unsafe)}), which could run code)"
+        else:  # random bytes: torch's text is only its advice
+            reason = ""
         raise UserError(f"checkpoint {p} is corrupt or not a checkpoint{reason}; delete it or point to another run") from None
     if not isinstance(ckpt, dict) or not {"model", "model_config"} <= ckpt.keys():
         raise UserError(f"{p} is not a checkpoint of this project (no model/model_config); "
                         "for Hugging Face GPT-2 weights use --init-from <dir>")
     return ckpt
+
+
+def unsafe_globals(path: Path) -> list[str]:
+    """The classes and functions a torch.save file would import, beyond those weights_only allows."""
+    try:
+        return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (ValueError, RuntimeError):  # not a torch.save zip, or no pickle inside
+        return []
 
 
 def model_from_checkpoint(ckpt: dict[str, Any], where: str | Path, **overrides: Any) -> GPT:

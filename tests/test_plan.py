@@ -194,6 +194,7 @@ def test_out_of_memory_in_training_is_one_line_and_keeps_the_checkpoint(error, t
     assert train.main(run_args(tmp_path, data_root, "--max-iters", "4", "--eval-interval", "2")) == 2
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith("error: out of memory on cpu (") and "use --batch-size auto, a smaller --block-size" in line
+    assert f"({plan.first_line(error)}); " in line  # torch's first line, the size it tried to allocate included
     assert line.endswith(f"; {tmp_path / 'ckpt.pt'} is kept")
     assert "ckpt.pt" in saved and saved == {p.name: p.read_bytes() for p in tmp_path.glob("*.pt")}
     assert plan.out_of_memory(RuntimeError("an unrelated bug"), "cpu") is None  # keeps its traceback

@@ -224,10 +224,10 @@ def check_fits(cfg: TrainConfig, vocab_size: int, rt: Any) -> None:
 def out_of_memory(e: BaseException, device: str, ckpt: Path | None = None) -> UserError | None:
     """The one line for an allocation that failed anyway (the plan is an estimate); None for any
     other error, which keeps its traceback. Saves are atomic, so a checkpoint on disk is whole."""
-    if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e):
-        size = re.search(r"ried to allocate ([\d.]+ \w+)", str(e))  # CUDA's and the CPU allocator's wording
-        return UserError(f"out of memory on {device} ({f'allocating {size[1]}' if size else first_line(e)}); "
-                         f"{ADVICE}" + (f"; {ckpt} is kept" if ckpt and ckpt.is_file() else ""))
+    # the CPU allocator's error (torch 2.13) is a plain RuntimeError: only its text tells it apart
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "DefaultCPUAllocator: can't allocate memory" in str(e):
+        return UserError(f"out of memory on {device} ({first_line(e)}); {ADVICE}"
+                         + (f"; {ckpt} is kept" if ckpt and ckpt.is_file() else ""))
     return None
 
 

@@ -18,7 +18,6 @@ import datetime
 import importlib.util
 import os
 import random
-import re
 import sys
 import time
 import traceback
@@ -198,14 +197,14 @@ class Runtime:
         try:
             yield
         except RuntimeError as e:
-            # NCCL raises DistError; gloo a plain RuntimeError whose message names its source file
+            # NCCL raises DistError; gloo (torch 2.13) a plain RuntimeError, told apart only by the source
+            # file its text names ("[.../gloo/transport/tcp/pair.cc:537] Read error ...": no type, no attribute)
             if not self.ddp or not (isinstance(e, torch.distributed.DistError) or "gloo" in str(e)):
                 raise
             traceback.clear_frames(e.__traceback__)  # they hold the DDP wrapper, which close() needs gone
-            reason = re.sub(r"^\[[^\]]*\] ", "", first_line(e)).split(". ")[0]
-            cause = ("another process hung or was stopped, or took longer than --ddp-timeout"
-                     if "timed out" in reason.lower() else "another process died (see its output)")
-            raise UserError(f"process {self.rank} of {self.world_size}: {reason}; {cause}; restart the job, with "
+            reason = first_line(e).split(". ")[0]  # torch's first sentence: "... Timed out", "... Connection reset"
+            raise UserError(f"process {self.rank} of {self.world_size}: {reason}; another process died (see its "
+                            "output), hung or was stopped, or took longer than --ddp-timeout; restart the job, with "
                             "--resume if it saved a checkpoint") from None
 
     def __enter__(self) -> Runtime:
