@@ -38,7 +38,7 @@ from typing import Any, Literal
 import torch
 
 from configs import Device, Dtype, load_config, run_named
-from configs.cli import ArgumentParser, argument, integer, number, seed
+from configs.cli import ArgumentParser, Flag, argument, integer, number, seed
 from configs.errors import UserError, entry_point
 
 
@@ -204,33 +204,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="a GPT-2 hub id (gpt2, gpt2-medium, user/repo), a Hugging Face GPT-2 dir or a run dir")
     p.add_argument("--prompt", action="append", metavar="TEXT", help="prompt text (repeatable); - reads stdin")
     p.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line")
-    p.add_argument("--num-samples", type=integer.within(">= 1"), default=1, help="samples per prompt")
-    p.add_argument("--max-new-tokens", type=integer.within(">= 0"), default=500, help="tokens to generate per sample")
-    p.add_argument("--temperature", type=number.within(">= 0"), default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=integer.within(">= 1"), help="keep only the k most likely tokens (default: all)")
-    p.add_argument("--top-p", type=number.within("(0, 1]"),
+    p.add_argument("--num-samples", type=integer(lo=1), default=1, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=integer(lo=0), default=500, help="tokens to generate per sample")
+    p.add_argument("--temperature", type=number(lo=0), default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=integer(lo=1), help="keep only the k most likely tokens (default: all)")
+    p.add_argument("--top-p", type=number(0, 1, lo_open=True),
                    help="keep the smallest set of tokens with this much probability (default: all)")
     p.add_argument("--seed", type=seed, help="same seed, same text (default: random)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="end a sample after this text (repeatable)")
-    p.add_argument("--batch-size", type=integer.within(">= 1"), default=32, help="most rows decoded at once")
+    p.add_argument("--batch-size", type=integer(lo=1), default=32, help="most rows decoded at once")
     p.add_argument("--device", default="auto", **argument(Device), help="auto: cuda > mps > cpu")
     p.add_argument("--dtype", default="auto", **argument(Dtype),
                    help="auto: bfloat16 (or float16) on GPUs, float32 on CPU and MPS")
-    p.add_argument("--threads", type=integer.within(">= 0"), default=0,
+    p.add_argument("--threads", type=integer(lo=0), default=0,
                    help="CPU threads; 0 = 1 for small models (n_embd <= 256), else torch's default")
-    p.add_argument("--compile", action="store_true",
+    p.add_argument("--compile", action=Flag,
                    help="torch.compile the decode step (4 tokens a call): 3-5x tokens/s for small models, after a one-off compile")
     p.add_argument("--quantize", default="none", **argument(Literal["none", "int8"]),
                    help="int8: weight-only int8 Linear layers (CPU; a quarter of float32's bytes per token; "
                         "logits within ~0.1 of float32: docs/sampling.md)")
     p.add_argument("--show-attention", metavar="PNG", help="save the prompt's attention maps here")
-    p.add_argument("--layer", type=integer, default=0, help="layer for --show-attention (negative counts from the end)")
+    p.add_argument("--layer", type=integer(), default=0, help="layer for --show-attention (negative counts from the end)")
     try:
         return p.parse_args(argv)
     except UserError as e:  # argparse calls --out-dir by its first name, --ckpt: name the one typed
-        out_dir = any(a.partition("=")[0] == "--out-dir" for a in (sys.argv[1:] if argv is None else argv))
-        raise UserError(re.sub(r"--ckpt(/--out-dir)?\b", "--out-dir" if out_dir else "--ckpt", str(e))) from None
+        out_dir = any(a.partition("=")[0] in ("--out-dir", "--out_dir") for a in (sys.argv[1:] if argv is None else argv))
+        raise UserError(re.sub(r"--ckpt\b", "--out-dir" if out_dir else "--ckpt", str(e))) from None
 
 
 def run(args: argparse.Namespace) -> None:

@@ -286,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     planning = parser.add_argument_group("plan (nothing is trained)")
     planning.add_argument("--plan", action=Flag, help="print parameters, FLOPs, memory per GPU and time")
     planning.add_argument("--gpu", help="the GPU to plan for (default h100; a100-40gb, 4090, ...)")
-    planning.add_argument("--nproc", type=integer.within(">= 1"), help="GPUs (DDP processes; default 1)")
-    planning.add_argument("--mfu", type=number.within("[0.001, 1]"),  # below 0.1%, a plan's days have no meaning
+    planning.add_argument("--nproc", type=integer(lo=1), help="GPUs (DDP processes; default 1)")
+    planning.add_argument("--mfu", type=number(0.001, 1),  # below 0.1%, a plan's days have no meaning
                           help=f"the model FLOPs utilisation assumed (default {DEFAULT_MFU})")
     cfg, args = parse_config(parser, argv)
     if args.gpu == "":

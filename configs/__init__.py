@@ -24,15 +24,15 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
-from .cli import ArgumentParser, Number, argument, closest, converter, seed
+from .cli import ArgumentParser, Number, argument, closest, converter, integer, number, seed
 from .errors import UserError
 from .model import BOUNDS, GPTConfig
 
 
-def _field(default: Any, help: str, section: str = "", bounds: str = "") -> Any:
+def _field(default: Any, help: str, section: str = "", check: Number | None = None) -> Any:
     """A TrainConfig field with its --help line; `section` starts a new group in --help; a number's
-    `bounds` (default: GPTConfig's for a model field, else >= 0) hold for its flag, config files and code."""
-    return field(default=default, metadata={"help": help, "section": section, "bounds": bounds})
+    `check` (default: GPTConfig's for a model field, else >= 0) holds for its flag, config files and code."""
+    return field(default=default, metadata={"help": help, "section": section, "check": check})
 
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
@@ -51,7 +51,7 @@ class TrainConfig:
     n_head: int = _field(4, "attention heads per block; must divide n_embd")
     n_embd: int = _field(128, "width of the residual stream")
     block_size: int = _field(64, "context length in tokens")
-    vocab_size: int = _field(0, "0 = the tokenizer's; larger pads the embedding (e.g. 50304)", bounds=">= 0")
+    vocab_size: int = _field(0, "0 = the tokenizer's; larger pads the embedding (e.g. 50304)", check=integer(lo=0))
     dropout: float = _field(0.0, "only while training; > 0 helps small data, not big corpora")
     bias: bool = _field(True, "biases in Linear layers and norms, as GPT-2 has")
     pos_emb: Literal["learned", "rope"] = _field("learned", "learned absolute positions (GPT-2) or rotary")
@@ -72,21 +72,22 @@ class TrainConfig:
     lr_schedule: Literal["cosine", "wsd", "constant"] = _field("cosine", "after warmup: half a cosine to min_lr; "
                                                                "warmup-stable-decay; or constant")
     lr_decay_iters: int = _field(0, "where the schedule reaches min_lr; 0 = max_iters")
-    decay_frac: float = _field(0.2, "wsd: the final fraction of the run spent decaying", bounds="(0, 1]")
+    decay_frac: float = _field(0.2, "wsd: the final fraction of the run spent decaying",
+                               check=number(0, 1, lo_open=True))
     weight_decay: float = _field(0.1, "AdamW weight decay of matrices (not of biases and norms)")
     optimizer: Literal["adamw", "muon"] = _field("adamw", "muon: Muon for the block matrices, AdamW for the rest")
     muon_lr: float = _field(0.02, "Muon's peak learning rate")
-    muon_momentum: float = _field(0.95, "Muon's momentum", bounds="[0, 1)")
-    beta1: float = _field(0.9, "AdamW beta1", bounds="[0, 1)")
-    beta2: float = _field(0.99, "AdamW beta2", bounds="[0, 1)")
+    muon_momentum: float = _field(0.95, "Muon's momentum", check=number(0, 1, hi_open=True))
+    beta1: float = _field(0.9, "AdamW beta1", check=number(0, 1, hi_open=True))
+    beta2: float = _field(0.99, "AdamW beta2", check=number(0, 1, hi_open=True))
     grad_clip: float = _field(1.0, "clip the global gradient norm to this; 0 = off")
-    max_iters: int = _field(2000, "optimizer steps", "run length, evaluation and logging", bounds=">= 1")
+    max_iters: int = _field(2000, "optimizer steps", "run length, evaluation and logging", check=integer(lo=1))
     max_time: float = _field(0.0, "wall-clock budget in seconds, final eval and save included (the LR "
                              "schedule then runs on time); 0 = none")
-    eval_interval: int = _field(250, "steps between evaluation + checkpoint", bounds=">= 1")
+    eval_interval: int = _field(250, "steps between evaluation + checkpoint", check=integer(lo=1))
     eval_iters: int = _field(20, "batches per evaluation; 0 = the whole val split")
     eval_batch_size: int = _field(0, "0 = batch_size; eval has no backward pass, so it can be larger")
-    log_interval: int = _field(10, "steps between metrics.jsonl lines and progress-bar updates", bounds=">= 1")
+    log_interval: int = _field(10, "steps between metrics.jsonl lines and progress-bar updates", check=integer(lo=1))
     sample_tokens: int = _field(200, "length of the samples printed at the end and sent to wandb; 0 = none")
     device: Device = _field("auto", "auto: cuda > mps > cpu", "system")
     dtype: Dtype = _field("auto", "autocast; auto: bfloat16 on GPUs that have it (else float16 with a grad "
@@ -98,7 +99,8 @@ class TrainConfig:
                           "twice a second (results then depend on the load in the last bits)")
     seed: int = _field(1337, "seed of every random stream (each DDP rank adds its rank)")
     ddp_timeout: float = _field(600.0, "seconds a process waits for the others (at most a week: one silent for "
-                                "longer is hung); then a hung or stopped one ends the job", bounds="(0, 604800]")
+                                "longer is hung); then a hung or stopped one ends the job",
+                                check=number(0, 604800, lo_open=True))
     out_dir: str = _field("", "the run directory; empty = out/<name>")
     resume: bool = _field(False, "continue from out_dir/ckpt.pt")
     init_from: str = _field("", "start from a run dir of ours, a local HF GPT-2 dir or a hub id (gpt2, "
@@ -158,7 +160,7 @@ _TYPES = get_type_hints(TrainConfig)
 def micro_batch(value: Any) -> int:
     """--batch-size: a whole number, or auto (0, as config files hold it: plan.auto_batch_size picks it at start)."""
     auto = str(value).lower() == "auto" or (type(value) is int and value == 0)
-    return 0 if auto else Number(int, ">= 1", "a whole number >= 1 or auto")(value)
+    return 0 if auto else Number(int, lo=1, expects="a whole number >= 1 or auto")(value)
 
 
 # Fields that act only beside another field's values; typed without them they would do nothing, so are refused.
@@ -186,8 +188,8 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-_CHECKS = {f.name: {"batch_size": micro_batch, "seed": seed}.get(f.name) or converter(
-    _TYPES[f.name], f.metadata["bounds"] or BOUNDS.get(f.name, ">= 0")) for f in fields(TrainConfig)}
+_CHECKS = {f.name: {"batch_size": micro_batch, "seed": seed}.get(f.name) or f.metadata["check"] or BOUNDS.get(f.name)
+           or converter(_TYPES[f.name], lo=0) for f in fields(TrainConfig)}
 BASE = TrainConfig()
 
 

@@ -14,8 +14,8 @@ CHOICES = {"pos_emb": ("learned", "rope"), "norm": ("layernorm", "rmsnorm"),
 # Caps where a size stops being a model: each block is Python objects, a few ms to build even on the meta
 # device (the plan's), so 2e9 layers would hang, and DeepNet's 1,000 are the deepest published; each block
 # registers a T x T mask, 1 TiB at T = 2**20, past any machine (and past 2**63 bytes at 2**30).
-BOUNDS = dict.fromkeys("vocab_size n_head n_embd mlp_ratio".split(), ">= 1") | {
-    "dropout": "[0, 1)", "n_layer": "[1, 1000]", "block_size": "[1, 1048576]"}
+BOUNDS = dict.fromkeys("vocab_size n_head n_embd mlp_ratio".split(), integer(lo=1)) | {
+    "dropout": number(0, 1, hi_open=True), "n_layer": integer(1, 1000), "block_size": integer(1, 2**20)}
 
 
 @dataclass
@@ -43,8 +43,8 @@ class GPTConfig:
     attention: str = "sdpa"
 
     def __post_init__(self) -> None:
-        for name, bounds in BOUNDS.items():  # and TrainConfig's flags of these names, as they are parsed
-            value, rule = getattr(self, name), (number if name == "dropout" else integer).within(bounds)
+        for name, rule in BOUNDS.items():  # and TrainConfig's flags of these names, as they are parsed
+            value = getattr(self, name)
             if type(value) not in (int, rule.kind) or not rule.holds(value):  # no bool, no 2.0 for an int
                 raise UserError(f"model config: {name} expects {rule.expects}, got {value!r}")
         if self.n_embd % self.n_head:

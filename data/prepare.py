@@ -39,7 +39,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from configs.cli import ArgumentParser, Flag, integer, number, one_of
+from configs.cli import ArgumentParser, Choice, Flag, integer, number
 from configs.errors import UserError, entry_point
 
 from .files import is_dataset, swap_dir, write_errors, write_json
@@ -409,12 +409,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     src.add_argument("--revision", help="hub dataset branch, tag or commit (default: main)")
     src.add_argument("--text-column", default="text", help="column holding the text")
     src.add_argument("--streaming", action=Flag, help="stream the hub dataset (no full download)")
-    p.add_argument("--tokenizer", **one_of(TOKENIZERS), help="default: the preset's, else gpt2")
-    p.add_argument("--val-fraction", type=number.within("(0, 1)"), default=0.1, help="share held out for val")
+    p.add_argument("--tokenizer", type=Choice(TOKENIZERS), choices=TOKENIZERS, help="default: the preset's, else gpt2")
+    p.add_argument("--val-fraction", type=number(0, 1, lo_open=True, hi_open=True), default=0.1, help="share held out for val")
     p.add_argument("--out-root", default=str(DEFAULT_ROOT), help="where <name>/ is written")
     p.add_argument("--name", dest="out_name", metavar="NAME",
                    help="output folder name (default: derived from the source)")
-    p.add_argument("--num-proc", type=integer.within(">= 1"), help="tokenizer processes (default: cores, max 8)")
+    p.add_argument("--num-proc", type=integer(lo=1), help="tokenizer processes (default: cores, max 8)")
     p.add_argument("--force", action=Flag, help="rebuild even if the outputs are up to date")
     p.add_argument("--quiet", action=Flag, help="no progress output")
     kw = vars(p.parse_args(argv))  # the other options are prepare()'s keyword arguments

@@ -20,7 +20,7 @@ BAD = [  # (script, argv, what the one error line must say)
     ("train", ["--device", "gpu"], "--device: 'gpu' is not one of auto, cpu, cuda, mps; did you mean 'cuda'?"),
     ("train", ["--pos-emb=ROPE"], "did you mean 'rope'?"),
     ("train", ["--compile=maybe"], "--compile: expects true/false (or no value), got 'maybe'"),
-    ("train", ["--compile", "maybe"], "unexpected argument 'maybe'"),  # a flag takes only true/false words
+    ("train", ["--compile", "maybe"], "--compile: expects true/false (or no value), got 'maybe'"),  # its value
     ("train", ["--no-compile=true"], "--no-compile takes no value"),
     ("train", ["--max-iters"], "--max-iters: expected one argument"),
     ("train", ["200"], "unexpected argument '200'"),
@@ -38,7 +38,8 @@ BAD = [  # (script, argv, what the one error line must say)
     ("prepare", ["--txt", "a.txt"], "did you mean --text?"),
     ("prepare", ["--val-fraction", "x"], "--val-fraction: expects a number, got 'x'"),
     ("prepare", ["shakespeare_char", "--force=maybe"], "--force: expects true/false"),
-    ("prepare", ["--force", "shakespeare_char", "extra"], "unexpected argument 'extra'"),  # NAME not swallowed
+    ("prepare", ["shakespeare_char", "--force", "true", "extra"], "unexpected argument 'extra'"),
+    ("prepare", ["--force", "shakespeare_char"], "--force: expects true/false (or no value), got 'shakespeare_char'"),
     ("prepare", ["a", "b"], "unexpected argument 'b'"),
     ("model", ["--seq-len", "x"], "--seq-len: expects an integer, got 'x'"),
     ("model", ["--confg", "tiny"], "did you mean --config?"),
@@ -54,7 +55,7 @@ def test_bad_input_is_one_error_line_and_exit_2(capsys, script, argv, needle):
 
 @pytest.mark.parametrize("script, needles", [
     ("sample", ["--device {auto,cpu,cuda,mps}", "(default:0.8)", "(default:500)", "--ckptDIR|FILE,--out-dirDIR|FILE"]),
-    ("prepare", ["--tokenizer {char,gpt2}", "(default:0.1)", "--force,--no-force", "(default:'data/prepared')"]),
+    ("prepare", ["--tokenizer {char,gpt2}", "(default:0.1)", "--no-force[BOOL]", "(default:'data/prepared')"]),
     ("model", ["--config NAME|FILE|RUN_DIR", "finetune_gpt2,gpt2,shakespeare_gpu,small,tiny", "(default:'small')"]),
 ])
 def test_help_shows_defaults_and_choices(capsys, script, needles):
