@@ -77,7 +77,7 @@ def test_plan_counts_match_the_real_model_and_allocate_nothing(capsys):
     assert f"parameters    {model.num_params():,} = " in out
     assert f"FLOPs         {model.flops_per_token() / 1e6:,.1f} MFLOP per token" in out
     assert "256 tokens/step = 4 sequences x 32 tokens x 2 processes x 1 accumulation" in out
-    assert "RTX 4090 24GB" in out and "all-reduce" in out and "fits          up to micro-batch" in out
+    assert "RTX 4090 24GB" in out and "DDP gradient buckets" in out and "fits          up to micro-batch" in out
     xl = load_config("gpt2", ["--n-layer", "48", "--n-embd", "1600", "--n-head", "25"])
     assert measured_peak_bytes(lambda: plan.plan_report(xl, 50304, "a100-40gb", 8, 0.3)) < 2**24  # weights: 6 GB
     assert "fits          nothing" in plan.plan_report(xl, 50304, "4090", 1, 0.3)
