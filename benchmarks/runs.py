@@ -153,21 +153,18 @@ def bench_reference(args: argparse.Namespace) -> None:
 
 
 def build_reference(name: str, config: dict[str, Any], runs: list[list[dict[str, Any]]], seeds: list[int],
-          command: str, device: str, dtype: str) -> dict[str, Any]:
-    """A reference from several seeds' metrics.jsonl records (one list per run): for each key,
-    the steps every run logged it and the mean, min and max over runs there."""
-    series = {}
-    for key in reference.KEYS:
-        per_run = [{r["step"]: r[key] for r in records if r.get(key) is not None} for records in runs]
-        steps = sorted(set.intersection(*(set(d) for d in per_run)))
-        values = [[d[step] for d in per_run] for step in steps]  # (steps, runs)
-        series[key] = {"step": steps, **{stat: [round(f(v), 4) for v in values] for stat, f in
-                                         (("mean", statistics.fmean), ("min", min), ("max", max))}}
-    final = [[r for r in records if r.get("val_loss") is not None][-1]["val_loss"] for records in runs]
+                    command: str, device: str, dtype: str) -> dict[str, Any]:
+    """A reference from several seeds' metrics.jsonl records (one list per run): the eval steps
+    every run logged, and the min and max over runs of train and val loss there."""
+    evals = [{r["step"]: r for r in records if r.get("val_loss") is not None} for records in runs]
+    steps = sorted(set.intersection(*(set(e) for e in evals)))
+    band = {"step": steps} | {key: {"min": [round(min(e[s][key] for e in evals), 4) for s in steps],
+                                    "max": [round(max(e[s][key] for e in evals), 4) for s in steps]}
+                              for key in ("train_loss", "val_loss")}
     return {"name": name, "command": command, "machine": machine(device), "device": device, "dtype": dtype,
             "torch": torch.__version__, "date": datetime.date.today().isoformat(), "seeds": seeds,
-            "final_val_loss": [round(v, 4) for v in final],
-            "config": {k: v for k, v in config.items() if k not in ("seed", "out_dir")}, "series": series}
+            "final_val_loss": [round(e[max(e)]["val_loss"], 4) for e in evals],
+            "config": {k: v for k, v in config.items() if k not in ("seed", "out_dir")}, "band": band}
 
 
 def machine(device: str) -> str:

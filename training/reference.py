@@ -1,9 +1,9 @@
 """Reference loss bands: what a run of a named config looks like over several seeds.
 
 configs/reference/<config>.json (`python -m benchmarks reference --config small --seeds 5`) holds
-the mean and min-max over seeds of each metrics key (KEYS) by step, the config behind it and the
+the min-max over seeds of train and val loss at each eval step, the config behind it and the
 command, machine, dtype and date. A run whose config matches one in every field that shapes the
-loss curve is drawn over its band, logs its mean, and hears about an eval clearly outside it.
+loss curve is drawn over its band and hears about an eval clearly outside it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import numpy as np
 from configs import BASE
 
 REFERENCE_DIR = Path(__file__).resolve().parent.parent / "configs" / "reference"
-KEYS = ("loss", "train_loss", "val_loss")
 
 # Fields a run may differ in and still be compared: they leave the loss curve alone, within
 # the seed spread (docs/training.md).
@@ -57,43 +56,25 @@ class Reference:
         ours, theirs = _global_batch(cfg, world_size), BASE.to_dict() | _global_batch(self.data["config"], 1)
         return [k for k in sorted(ours) if k not in MATCH_IGNORES and theirs.get(k) != ours[k]]
 
-    @property
-    def label(self) -> str:
-        return "{name} reference ({dtype} on {device}, {date})".format(**self.data)
-
-    def series(self, key: str) -> dict[str, list[float]]:
-        """{"step", "mean", "min", "max"} lists for one metrics key."""
-        return self.data["series"][key]
-
-    def band(self, key: str, step: int) -> tuple[float, float, float] | None:
-        """(min, mean, max) at step, linear between the reference's steps; None outside them."""
-        s = self.data["series"].get(key)
-        if not s or not s["step"][0] <= step <= s["step"][-1]:
+    def band(self, step: int) -> tuple[float, float] | None:
+        """(min, max) of val loss at step, linear between the reference's eval steps; None outside them."""
+        steps, val = self.data["band"]["step"], self.data["band"]["val_loss"]
+        if not steps[0] <= step <= steps[-1]:
             return None
-        return tuple(float(np.interp(step, s["step"], s[k])) for k in ("min", "mean", "max"))
+        return float(np.interp(step, steps, val["min"])), float(np.interp(step, steps, val["max"]))
 
-    def margin(self, key: str, step: int) -> float:
-        lo, _, hi = self.band(key, step) or (0.0, 0.0, 0.0)
-        return max(hi - lo, MIN_MARGIN)
-
-    def check(self, step: int, losses: dict[str, float]) -> str | None:
+    def check(self, step: int, val_loss: float) -> str | None:
         """One line when the eval's val loss is clearly outside the band (see MIN_MARGIN), else None."""
-        band, value = self.band("val_loss", step), losses.get("val_loss")
-        if band is None or value is None:
+        if (band := self.band(step)) is None:
             return None
-        lo, _, hi = band
-        margin = self.margin("val_loss", step)
-        if lo - margin <= value <= hi + margin:
+        lo, hi = band
+        margin = max(hi - lo, MIN_MARGIN)
+        if lo - margin <= val_loss <= hi + margin:
             return None
-        side = "above" if value > hi else "below"
-        return (f"note: step {step} val loss {value:.4f} is {side} the {self.data['name']} reference band "
-                f"({lo:.4f}-{hi:.4f}, {len(self.data['seeds'])} seeds, margin {margin:.3f}); usual causes: an lr "
-                f"or batch size other than the config's (changed code or --resume), or other data under this name")
-
-    def means(self, record: dict[str, Any]) -> dict[str, float]:
-        """{"ref_<key>": band mean at the record's step} for each metrics key the record has."""
-        bands = {key: self.band(key, record["step"]) for key in KEYS if record.get(key) is not None}
-        return {f"ref_{key}": round(band[1], 4) for key, band in bands.items() if band is not None}
+        return (f"note: step {step} val loss {val_loss:.4f} is {'above' if val_loss > hi else 'below'} the "
+                f"{self.data['name']} reference band ({lo:.4f}-{hi:.4f}, {len(self.data['seeds'])} seeds, margin "
+                f"{margin:.3f}); usual causes: an lr or batch size other than the config's (changed code or "
+                f"--resume), or other data under this name")
 
 
 def _global_batch(cfg: dict[str, Any], world_size: int) -> dict[str, Any]:

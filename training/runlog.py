@@ -11,8 +11,6 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from configs.errors import UserError, first_line
 from data.files import atomic_write, write_errors
 
@@ -36,7 +34,7 @@ def _reason(e: Exception) -> str:
 class RunLog:
     """One run's metrics.jsonl, loss.png and wandb run. On resume, lines past the checkpoint's step
     are dropped (the run redoes those steps) and wandb gets exactly the steps it lacks; with a
-    matching reference, records carry its mean (ref_val_loss, ...) and loss.png draws its band."""
+    matching reference, loss.png draws its band under the curves."""
 
     def __init__(self, out_dir: Path, started: float, resume_step: int | None = None,
                  reference: Reference | None = None) -> None:
@@ -84,8 +82,6 @@ class RunLog:
         return self.wandb.id
 
     def log(self, record: dict[str, Any]) -> None:
-        if self.reference is not None:
-            record = record | self.reference.means(record)
         self.records.append(record)
         with write_errors(self.path), open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -141,17 +137,19 @@ class RunLog:
             print("note: matplotlib is not installed, skipping loss.png (pip install matplotlib)")
             return
 
-        if self.reference is None:
-            fig, ax = plt.subplots(figsize=(7, 4.5))
-        else:  # below the curves, val minus the reference's mean: the band is too thin to see up there
-            fig, (ax, gap) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, height_ratios=(3, 1.3))
-            self._plot_reference(ax, gap)
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        if (ref := self.reference) is not None:  # drawn first, so the legend lists the bands before the curves
+            band, seeds = ref.data["band"], len(ref.data["seeds"])
+            for key, color, what in (("train_loss", "tab:blue", "train"), ("val_loss", "tab:orange", "val")):
+                ax.fill_between(band["step"], band[key]["min"], band[key]["max"], color=color, alpha=0.18, lw=0,
+                                label=f"reference {what}: min-max of {seeds} seeds")
         ax.plot(*self._series("loss"), color="tab:blue", alpha=0.35, lw=1, label="train (running)")
         ax.plot(*self._series("train_loss"), "o-", color="tab:blue", ms=3, label="train (eval)")
         ax.plot(*self._series("val_loss"), "o-", color="tab:orange", ms=3, label="val")
-        ax.set(xlabel="" if self.reference else "step", ylabel="loss", title=self.out_dir.name)
+        ax.set(xlabel="step", ylabel="loss", title=self.out_dir.name)
         ax.grid(alpha=0.3)
-        ax.legend(title=self.reference and f"config matches the {self.reference.label}", title_fontsize="small")
+        ax.legend(title=ref and "config matches the {name} reference ({dtype} on {device}, {date})".format(**ref.data),
+                  title_fontsize="small")
         fig.tight_layout()
         try:
             atomic_write(self.out_dir / "loss.png", lambda f: fig.savefig(f, format="png", dpi=110))
@@ -161,29 +159,6 @@ class RunLog:
     def _series(self, key: str) -> tuple[list[int], list[float]]:
         pts = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]
         return [p[0] for p in pts], [p[1] for p in pts]
-
-    def _plot_reference(self, ax: Any, gap: Any) -> None:
-        """The reference's min-max bands under the run's curves (ax); in gap, the run's val loss,
-        the band and the out-of-band thresholds, each minus the reference's val mean."""
-        ref = self.reference
-        for key, color, what in (("loss", "tab:blue", "train"), ("val_loss", "tab:orange", "val")):
-            s = ref.series(key)
-            ax.fill_between(s["step"], s["min"], s["max"], color=color, alpha=0.18, lw=0,
-                            label=f"reference {what}: min-max of {len(ref.data['seeds'])} seeds")
-        val = {k: np.array(v) for k, v in ref.series("val_loss").items()}
-        steps, mean = val["step"], val["mean"]
-        ax.plot(steps, mean, "--", color="tab:orange", lw=0.8, alpha=0.7, label="reference val: mean")
-        margin = np.array([ref.margin("val_loss", step) for step in steps])
-        gap.fill_between(steps, val["min"] - mean, val["max"] - mean, color="tab:orange", alpha=0.18, lw=0)
-        gap.plot(steps, val["min"] - margin - mean, ":", color="gray", lw=1)
-        gap.plot(steps, val["max"] + margin - mean, ":", color="gray", lw=1, label="band +- margin: a note beyond")
-        run = [(step, v - band[1]) for step, v in zip(*self._series("val_loss"))
-               if (band := ref.band("val_loss", step)) is not None]
-        gap.plot([p[0] for p in run], [p[1] for p in run], "o-", color="tab:orange", ms=3)
-        gap.axhline(0, color="tab:orange", lw=0.8, ls="--", alpha=0.7)
-        gap.set(xlabel="step", ylabel="val - ref. mean")
-        gap.grid(alpha=0.3)
-        gap.legend(fontsize="small")
 
     def close(self, exit_code: int = 0) -> None:
         """exit_code != 0 marks the wandb run as failed (a crash, a divergence, an interruption)."""
