@@ -26,17 +26,15 @@ RESERVE_MARGIN = 1.2  # overrunning the limit is worse than one step less, and e
 
 
 class TimeBudget:
-    """--max-time: `limit` seconds from `started` (a clock() reading), the final eval + save
-    included, so their cost is reserved (final_estimate(step_seconds) until one was timed). It
-    and the next step's cost use the median of recent steps: one slow step cannot end the run."""
+    """--max-time: `limit` seconds from `started` (a clock() reading) with the final eval + save reserved
+    (final_estimate(step_seconds) until one was timed), both costs from the median of recent steps."""
 
     def __init__(self, limit: float, started: float, final_estimate: Callable[[float], float],
                  clock: Callable[[], float] = time.time) -> None:
-        self.limit, self.started, self.clock = limit, started, clock
+        self.limit, self.started, self.loop_started, self.clock = limit, started, started, clock
         self.final_estimate = final_estimate
+        self.final_cost: float | None = None  # measured, by record_final
         self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
-        self.final_cost: float | None = None  # measured
-        self.loop_started = started
 
     def begin(self) -> None:
         self.loop_started = self.clock()
@@ -51,8 +49,7 @@ class TimeBudget:
         return statistics.median(self.recent) if self.recent else 0.0
 
     def reserve(self) -> float:
-        final = self.final_cost if self.final_cost is not None else self.final_estimate(self.step_time())
-        return RESERVE_MARGIN * final
+        return RESERVE_MARGIN * (self.final_estimate(self.step_time()) if self.final_cost is None else self.final_cost)
 
     def progress(self) -> float:
         available = self.limit - (self.loop_started - self.started) - self.reserve()
@@ -62,11 +59,8 @@ class TimeBudget:
         return self.clock() - self.started + self.step_time() + self.reserve() > self.limit
 
 
-# Each asks the run to stop and keep its work: Ctrl-C, a kill or a scheduler's end (SIGTERM),
-# SLURM's warning ahead of the time limit (--signal=USR1@...), Grid Engine's (SIGUSR2), a CPU-time
-# limit's (SIGXCPU: ulimit -t, before its SIGKILL), a closed terminal (SIGHUP), and the reader of
-# our output leaving (SIGPIPE: `train.py | head`; configs.errors.StandardStream). A signal the
-# run was started ignoring (SIGHUP under nohup, SIGINT in a background job) stays ignored.
+# Each asks the run to stop and keep its work: Ctrl-C, a kill, SLURM's or Grid Engine's warning, a CPU-time limit,
+# a closed terminal, the reader of our output leaving (`| head`). One the run started ignoring (nohup) stays ignored.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGXCPU, signal.SIGHUP,
                 signal.SIGPIPE)
 
@@ -76,12 +70,8 @@ class Stopped(Exception):
 
 
 class StopSignal:
-    """A stop signal sets a flag; the loop finishes its step, saves, evaluates and exits. During an
-    eval or the end-of-run sample (cut_short) it ends that work at once: nothing of it is saved.
-
-    A second Ctrl-C quits at once (single process only: under torchrun every worker gets the
-    signal from the terminal and again from torchrun, which must not count as a second press),
-    after the save if one is being written (holding). Any other second signal lets the save finish."""
+    """A stop signal lets the loop finish its step, save, evaluate and exit, but ends cut_short's work at once.
+    A second Ctrl-C quits at once, or after the save being written (if escalate: torchrun repeats signals)."""
 
     def __init__(self, escalate: bool) -> None:
         self.name: str | None = None
