@@ -40,6 +40,7 @@ import torch
 from configs import Device, Dtype, load_config, run_named
 from configs.cli import ArgumentParser, Flag, argument, integer, number, seed
 from configs.errors import UserError, entry_point
+from model.kv_cache import generate
 
 
 def unescape(text: str) -> str:
@@ -109,8 +110,8 @@ def generate_texts(model, tok, rows: Sequence[Sequence[int]], max_new_tokens: in
     on_text(row, piece) is called with every newly decoded piece (for streaming)."""
     idx, mask = left_pad(rows, next(model.parameters()).device)
     streams = [TextStream(tok, stops) for _ in rows]
-    steps = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                           eos_id=tok.eot_id, padding_mask=mask, generator=generator, compile=compile)
+    steps = generate(model, idx, max_new_tokens, temperature, top_k, top_p, eos_id=tok.eot_id, padding_mask=mask,
+                     generator=generator, vocab_size=tok.vocab_size, compile=compile)
     emit = on_text or (lambda b, piece: None)
     try:
         for step in steps:
@@ -144,15 +145,14 @@ def load(args: argparse.Namespace):
 def check_vocab(model, tok, where: str, declared: int | None = None) -> None:
     """Refuse a tokenizer the model was not trained with. A model vocab larger than the
     tokenizer's is fine when training asked for it (`declared`, e.g. --vocab-size 50304) or when
-    it is padded to the next multiple of 64; the extra ids are then never sampled."""
+    it is padded to the next multiple of 64; generate_texts cuts the logits to the tokenizer's
+    vocabulary, so the extra ids are never sampled."""
     V, tv = model.config.vocab_size, tok.vocab_size
     if V == tv:
         return
     if not (tv < V and (declared == V or (V % 64 == 0 and V - tv < 64))):
         raise UserError(f"{where}: the model's vocabulary ({V} tokens) does not fit the {tok.name} tokenizer "
                         f"({tv} tokens) it would sample with; sample a model trained with that tokenizer")
-    pad = torch.arange(tv, V)
-    model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, pad.to(out.device), float("-inf")))
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:

@@ -26,7 +26,7 @@ from configs import load_config
 from configs.errors import UserError
 from model import GPT
 from model.hf import load_hf_gpt2
-from model.kv_cache import cache_slots
+from model.kv_cache import cache_slots, generate
 from model.quantize import quantize_int8
 from sample import cpu_threads, left_pad
 from training.runtime import choose, probe, setup
@@ -148,7 +148,7 @@ def _decode_runs(model: nn.Module, hf: Any, modes: list[str], dtypes: str, rt: A
         for mode in (m for m in modes if m != "hf"):
             kw = dict(use_cache=mode != "recompute", compile=mode == "compiled", padding_mask=mask)
             runs[f"{mode} {label}"] = (
-                lambda m=ours, kw=kw: sum(1 for _ in m.generate(prompt, new_tokens, temperature=0, **kw)), dtype)
+                lambda m=ours, kw=kw: sum(1 for _ in generate(m, prompt, new_tokens, temperature=0, **kw)), dtype)
     if "hf" in modes:
         hf.to(rt.device)
         attention_mask = mask.long() if mask is not None else torch.ones_like(prompt)

@@ -8,6 +8,7 @@ import importlib
 from typing import Any
 
 _HOMES = {"GPT": "model.gpt", "GPTConfig": "configs.model", "KVCache": "model.kv_cache", "sample_next": "model.kv_cache",
+          "generate": "model.kv_cache",
           "CausalSelfAttention": "model.attention", "MultiHeadAttention": "model.attention"}
 __all__ = list(_HOMES)
 

@@ -9,7 +9,6 @@ Shapes through one forward pass (B batch, T time, C = n_embd, V = vocab_size):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,11 +16,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import CausalSelfAttention
-from .kv_cache import KVCache, decode
 from .layers import Rotary, make_norm
 
 if TYPE_CHECKING:  # annotations only
     from configs.model import GPTConfig
+
+    from .kv_cache import KVCache
 
 
 class MLP(nn.Module):
@@ -139,24 +139,3 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x, padding_mask=padding_mask, rotary=rotary, kv_cache=kv_cache)
         return x
-
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_id: int | None = None, padding_mask: torch.Tensor | None = None,
-                 generator: torch.Generator | None = None, use_cache: bool = True,
-                 compile: bool = False) -> Iterator[torch.Tensor]:
-        """Yield (B,) new token ids, one step at a time, for streaming (the loop: kv_cache.decode).
-
-        idx (B, T) prompts, left-padded where padding_mask (B, T) is False; temperature 0 is greedy.
-        Rows that produced eos_id keep yielding it; the iterator ends when all have. Decoding never
-        stops for length: past block_size the context slides. use_cache=False recomputes the last
-        block_size tokens every step (the reference); compile=True decodes DECODE_CHUNK tokens per
-        torch.compile'd call. The model is in eval mode while generating.
-        """
-        was_training = self.training
-        self.eval()
-        try:
-            yield from decode(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, padding_mask,
-                              generator, use_cache, compile)
-        finally:
-            self.train(was_training)

@@ -34,9 +34,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     """Swap every nn.Linear in model (in place) for an Int8Linear, for inference only; returns model."""
     for name, child in model.named_children():
         if isinstance(child, nn.Linear):
-            quantized = Int8Linear(child)
-            quantized._forward_hooks.update(child._forward_hooks)  # e.g. sample.py's padded-vocab mask
-            setattr(model, name, quantized)
+            setattr(model, name, Int8Linear(child))
         else:
             quantize_int8(child)
     return model

@@ -26,6 +26,7 @@ from data.tokenizer import tokenizer_from_manifest
 from model.checkpoint import BEST_NAME, CKPT_NAME, is_checkpoint, load_checkpoint, model_from_checkpoint, save_checkpoint
 from model.gpt import GPT
 from model.hf import load_pretrained, pretrained_manifest
+from model.kv_cache import generate
 from training.optim import configure_optimizer
 from training.plan import auto_batch_size, check_fits
 from training.reference import Reference
@@ -182,7 +183,8 @@ def sample_text(run: Run) -> str:
     idx = torch.tensor([[tok.start_id]], dtype=torch.long, device=rt.device)
     gen = torch.Generator(device=rt.device).manual_seed(run.cfg.seed)
     with rt.autocast():
-        out = run.model.generate(idx, run.cfg.sample_tokens, temperature=0.8, top_k=200, generator=gen)
+        out = generate(run.model, idx, run.cfg.sample_tokens, temperature=0.8, top_k=200, generator=gen,
+                       vocab_size=tok.vocab_size)
     return tok.decode([int(t[0]) for t in out])
 
 
