@@ -18,7 +18,6 @@ import torch
 if TYPE_CHECKING:  # annotations only
     from configs.model import GPTConfig
 
-    from .gpt import GPT
 
 
 # Tokens per compiled call: enough to amortise the call's overhead, few enough to compile quickly.
@@ -26,7 +25,7 @@ DECODE_CHUNK = 4
 
 
 @torch.no_grad()
-def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+def generate(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, *, eos_id: int | None = None, padding_mask: torch.Tensor | None = None,
              generator: torch.Generator | None = None, vocab_size: int | None = None, use_cache: bool = True,
              compile: bool = False) -> Iterator[torch.Tensor]:
@@ -54,7 +53,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: fl
         model.train(was_training)
 
 
-def reference_decode(model: GPT, idx: torch.Tensor, padding_mask: torch.Tensor | None, max_new_tokens: int,
+def reference_decode(model: torch.nn.Module, idx: torch.Tensor, padding_mask: torch.Tensor | None, max_new_tokens: int,
                      temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None,
                      vocab_size: int | None) -> Iterator[torch.Tensor]:
     """nanoGPT's loop, with no cache: slow, and plainly right. The fast path is tested against it."""
@@ -101,7 +100,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return (probs / noise).argmax(dim=-1)
 
 
-def cached_decode(model: GPT, idx: torch.Tensor, padding_mask: torch.Tensor | None, max_new_tokens: int,
+def cached_decode(model: torch.nn.Module, idx: torch.Tensor, padding_mask: torch.Tensor | None, max_new_tokens: int,
                   temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None,
                   vocab_size: int | None, compile: bool) -> Iterator[torch.Tensor]:
     """The fast path: within block_size, the reference's tokens from a KV cache. The first step fills
@@ -145,7 +144,7 @@ def cached_decode(model: GPT, idx: torch.Tensor, padding_mask: torch.Tensor | No
         checked, lens = checked or K > 1, [m + K for m in lens]
 
 
-def decode_steps(model: GPT, idx: torch.Tensor, slots: torch.Tensor, cache: KVCache, noise: torch.Tensor | None,
+def decode_steps(model: torch.nn.Module, idx: torch.Tensor, slots: torch.Tensor, cache: KVCache, noise: torch.Tensor | None,
                  sampling: tuple, vocab_size: int | None) -> torch.Tensor:
     """One step per slot in slots (K,), fed idx (B, 1) and then each token the step before drew with
     noise[i] of (K, B, V) -> (K, B). Compiled, the loop is unrolled: K tokens for one call's overhead."""
@@ -158,7 +157,7 @@ def decode_steps(model: GPT, idx: torch.Tensor, slots: torch.Tensor, cache: KVCa
     return torch.stack(toks)  # K x (B,) -> (K, B)
 
 
-def last_logits(model: GPT, x: torch.Tensor, vocab_size: int | None) -> torch.Tensor:
+def last_logits(model: torch.nn.Module, x: torch.Tensor, vocab_size: int | None) -> torch.Tensor:
     """The next-token logits from the last position, cut to vocab_size: (B, T, C) -> (B, vocab_size)."""
     return model.lm_head(model.transformer.ln_f(x[:, -1]))[:, :vocab_size]
 
