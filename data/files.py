@@ -1,8 +1,6 @@
 """Files written whole or not at all: a temporary file beside the target, fsync, then rename.
 
-os.replace is atomic within a filesystem, so a reader (or a crash, or a full disk) sees the old
-file or the new one, never half of one; swap_dir does the same for a folder of files. is_dataset tells
-a prepared dataset's folder from a run's or an export's.
+A reader, a crash or a full disk then sees the old file or the new one, never half of one.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from configs.errors import UserError
 
 
 def is_dataset(folder: str | Path) -> bool:
-    """Whether folder is data.prepare's output: runs and exports keep a manifest.json too, not the token files."""
+    """Whether folder is data.prepare's output: runs and exports keep a manifest.json too, but no token files."""
     return (Path(folder) / "manifest.json").is_file() and (Path(folder) / "train.bin").is_file()
 
 
@@ -58,7 +56,7 @@ def write_errors(path: Path) -> Iterator[None]:
     try:
         yield
     except UserError:
-        raise  # already one line (e.g. a source that failed while its tokens were being written)
+        raise  # already one line, e.g. a source that failed while its tokens were being written
     except Exception as e:
         cause: BaseException | None = e
         while cause is not None and not isinstance(cause, OSError):

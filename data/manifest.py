@@ -1,13 +1,10 @@
 """manifest.json, what a prepared dataset is: read, checked and compared where a model meets data.
 
-Compared on --resume, --init-from and sampling.
-
-Fields: name, tokenizer ("char" | "gpt2"), vocab_size, chars (char only: the vocabulary as one
-string, id = index), eot_id (gpt2: 50256; char: null), train_tokens, val_tokens, dtype, source
-(what was read), sha256 (of the local files' bytes; for hub datasets, of the documents' UTF-8 text
-as read), version (token-file format), val_fraction, split_by, doc_separator.
-A token id means something only under its own vocabulary (under another, a model produces
-confident nonsense), so every mismatch is refused.
+Fields: name, tokenizer ("char" | "gpt2"), vocab_size, chars (char only: the vocabulary as one string,
+id = index), eot_id (gpt2: 50256; char: null), train_tokens, val_tokens, dtype, source (what was read),
+sha256 (of the local files' bytes; for hub datasets, of the documents' text as read), version (token-file
+format), val_fraction, split_by, doc_separator. A token id means something only under its own vocabulary,
+so --resume, --init-from and sampling refuse every mismatch.
 """
 
 from __future__ import annotations

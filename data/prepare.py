@@ -9,12 +9,10 @@
     python -m data.prepare --hf path/to/dataset_dir --split validation  # data files or save_to_disk
     python -m data.prepare --hf roneneldan/TinyStories --revision main --streaming   # needs network
 
-A single text (a preset, --text FILE) is split by characters (val is the last --val-fraction), as
-nanoGPT does. Folders, --files and --hf are encoded document by document (each followed by
-<|endoftext|>, or "\\n\\n" for char) into one stream split by tokens, since a streamed source's size
-is known only at its end; their char vocabulary takes an extra pass (a second download when
-streaming from the hub). A re-run whose manifest (data/manifest.py) matches reuses the files;
---force rebuilds, beside the old dataset, which it replaces in one step at the end (_rebuilding).
+A single text (a preset, --text FILE) is split by characters, as nanoGPT does. Folders, --files and
+--hf are encoded document by document (each followed by <|endoftext|>, or "\\n\\n" for char) into one
+stream split by tokens, since a streamed source's size is known only at its end. A re-run whose
+manifest matches reuses the files; --force rebuilds them.
 """
 
 from __future__ import annotations
@@ -38,6 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+from tqdm import tqdm
 
 from configs.cli import ArgumentParser, Choice, Flag, integer, number
 from configs.errors import UserError, entry_point
@@ -50,10 +49,9 @@ from .tokenizer import TOKENIZERS, Tokenizer, get_tokenizer, tokenizer_from_mani
 
 DEFAULT_ROOT = Path("data/prepared")
 CORPORA = Path(__file__).resolve().parent / "corpora"
-PRESETS: dict[str, dict[str, Any]] = {
-    "shakespeare_char": {"text": CORPORA / "tinyshakespeare" / "input.txt", "tokenizer": "char"},
-    "shakespeare": {"text": CORPORA / "tinyshakespeare" / "input.txt", "tokenizer": "gpt2"},
-}
+_SHAKESPEARE = CORPORA / "tinyshakespeare" / "input.txt"
+PRESETS: dict[str, dict[str, Any]] = {"shakespeare_char": {"text": _SHAKESPEARE, "tokenizer": "char"},
+                                      "shakespeare": {"text": _SHAKESPEARE, "tokenizer": "gpt2"}}
 CHAR_DOC_SEPARATOR = "\n\n"
 _BATCH_DOCS, _BATCH_CHARS = 1024, 4 << 20  # documents per worker task, bounded by total size
 _COPY_CHUNK = 1 << 24  # tokens copied at a time from the stream into val.bin
@@ -62,10 +60,23 @@ _SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
 
 
 def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: str | None, split: str,
-             revision: str | None, text_column: str, streaming: bool,
-             tokenizer: str | None) -> tuple[Source, str, str]:
-    """(source, tokenizer name, output name) from the prepare() arguments."""
-    given = _one_source(text, files, hf, subset, split, revision, text_column, streaming)
+             revision: str | None, text_column: str, streaming: bool, tokenizer: str | None) -> tuple[Source, str, str]:
+    """(source, tokenizer name, output name) from the prepare() arguments; options that would be silently
+    ignored for the source given are refused."""
+    if len(given := [flag for flag, v in (("--text", text), ("--files", files), ("--hf", hf)) if v]) > 1:
+        raise UserError(f"give one source, not {' and '.join(given)}")
+    hub = [f for f, v in (("--subset", subset), ("--split", split != "train"), ("--revision", revision),
+                          ("--streaming", streaming)) if v]
+    if hub and not hf:
+        raise UserError(f"{', '.join(hub)}: for --hf datasets only; drop {'them' if len(hub) > 1 else 'it'}")
+    if hf and Path(hf).is_file():  # else taken for a hub id, with advice to download it from the hub
+        raise UserError(f"--hf {hf} is a file; --hf takes a dataset directory or hub id: give a text file to --text, "
+                        "a parquet, jsonl, json or csv file to --files")
+    if hf and Path(hf).is_dir() and (local := [f for f in hub if f in ("--revision", "--streaming")]):
+        raise UserError(f"{', '.join(local)}: for hub datasets; {hf} is a local folder, read as it is; "
+                        f"drop {'them' if len(local) > 1 else 'it'}")
+    if text_column != "text" and not (hf or files):
+        raise UserError("--text-column: for --hf datasets and --files with columns (parquet, jsonl, json, csv); drop it")
     if not given:
         return _preset(name, tokenizer)
     tokenizer = tokenizer or "gpt2"
@@ -73,40 +84,17 @@ def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: st
         raise UserError(f"unknown tokenizer {tokenizer!r}; choose one of: {', '.join(TOKENIZERS)}")
     if text:
         source = text_source(text)
-        stem = split_name(Path(text))[0] if Path(text).is_file() else Path(text).resolve().name
+        stem = split_name(Path(text))[0] if source.single else Path(text).resolve().name
     elif files:
         source = files_source([files] if isinstance(files, (str, os.PathLike)) else files, text_column)
         stem = split_name(Path(source.description["paths"][0]))[0]
     else:
         source = dataset_source(hf, subset, split, text_column, streaming, revision)  # type: ignore[arg-type]
-        stem = Path(hf).resolve().name if Path(hf).is_dir() else hf.replace("/", "_")  # type: ignore[arg-type]
-        stem += f"_{subset}" if subset else ""
+        stem = (Path(hf).resolve().name if Path(hf).is_dir() else hf.replace("/", "_")) + (f"_{subset}" * bool(subset))
     name = name or (stem + ("_char" if tokenizer == "char" else ""))
     if name in PRESETS:  # a run asking for the preset would rebuild it from the bundled text over this one
         raise UserError(f"{name!r} is a preset's name; pass another --name for this text")
     return source, tokenizer, name
-
-
-def _one_source(text: Any, files: Any, hf: str | None, subset: str | None, split: str, revision: str | None,
-                text_column: str, streaming: bool) -> list[str]:
-    """The source flags given (at most one), refusing options that would do nothing for it."""
-    given = [flag for flag, v in (("--text", text), ("--files", files), ("--hf", hf)) if v]
-    if len(given) > 1:
-        raise UserError(f"give one source, not {' and '.join(given)}")
-    hub = [f for f, v in (("--subset", subset), ("--split", split != "train"), ("--revision", revision),
-                          ("--streaming", streaming)) if v]
-    if hub and not hf:  # else silently ignored
-        raise UserError(f"{', '.join(hub)}: for --hf datasets only; drop {'them' if len(hub) > 1 else 'it'}")
-    if hf and Path(hf).is_file():  # else taken for a hub id, with advice to download it from the hub
-        raise UserError(f"--hf {hf} is a file; --hf takes a dataset directory or hub id: give a text file to --text, "
-                        "a parquet, jsonl, json or csv file to --files")
-    if hf and Path(hf).is_dir() and (local := [f for f in hub if f in ("--revision", "--streaming")]):  # else ignored
-        raise UserError(f"{', '.join(local)}: for hub datasets; {hf} is a local folder, read as it is; "
-                        f"drop {'them' if len(local) > 1 else 'it'}")
-    if text_column != "text" and not (hf or files):
-        raise UserError("--text-column: for --hf datasets and --files with columns (parquet, jsonl, json, csv); "
-                        "drop it")
-    return given
 
 
 def _preset(name: str | None, tokenizer: str | None) -> tuple[Source, str, str]:
@@ -120,8 +108,7 @@ def _preset(name: str | None, tokenizer: str | None) -> tuple[Source, str, str]:
     if tokenizer not in (None, preset["tokenizer"]):
         raise UserError(f"preset {name!r} uses tokenizer {preset['tokenizer']!r}; for another "
                         f"tokenizer use --text {preset['text']} --tokenizer {tokenizer}")
-    source = text_source(preset["text"])
-    # Record the corpus repo-relative so moving the checkout does not look like a new source.
+    source = text_source(preset["text"])  # recorded repo-relative: a moved checkout is not a new source
     source.description["path"] = str(Path(preset["text"]).relative_to(CORPORA.parent.parent))
     return source, preset["tokenizer"], name
 
@@ -129,8 +116,7 @@ def _preset(name: str | None, tokenizer: str | None) -> tuple[Source, str, str]:
 def _reusable(out_dir: Path, source: Source, tokenizer: str, val_fraction: float) -> dict[str, Any] | None:
     """The manifest of existing outputs made from this source the same way, else None."""
     want = {"version": VERSION, "tokenizer": tokenizer, "val_fraction": val_fraction,
-            "split_by": "characters" if source.text is not None else "tokens",
-            # hub data cannot be hashed without reading it all: trust its identity
+            "split_by": "characters" if source.single else "tokens",  # hub data has no hash: its identity then
             **({"sha256": source.sha256} if source.sha256 is not None else {"source": source.description})}
     try:
         manifest = read_dataset_manifest(out_dir)
@@ -149,9 +135,8 @@ def _encode(tok: Tokenizer, docs: list[str], separate: bool) -> np.ndarray:
 
 
 def _text_chunks(text: str, bar: Any) -> Iterator[list[str]]:
-    """Pieces of about _CHUNK_CHARS characters (counted on bar), cut after a lone newline and before a
-    non-space character: GPT-2's pre-tokenizer ends a piece there anyway (a longer whitespace run at
-    a chunk end would become one piece), so the pieces encode to exactly the whole text's tokens."""
+    """Pieces of about _CHUNK_CHARS characters, cut after a lone newline before a non-space, where GPT-2's
+    pre-tokenizer ends a piece anyway, so the pieces encode to exactly the whole text's tokens."""
     pos = 0
     while pos < len(text):
         cut = _SAFE_CUT.search(text, min(pos + _CHUNK_CHARS, len(text)))
@@ -162,7 +147,7 @@ def _text_chunks(text: str, bar: Any) -> Iterator[list[str]]:
 
 
 def _worker_encode(spec: dict[str, Any], docs: list[str], separate: bool) -> np.ndarray:
-    # The tokenizer is rebuilt per task: cheap (GPT-2's encoding is cached in each worker).
+    """_encode in a worker; rebuilding the tokenizer per task is cheap (GPT-2's encoding is cached)."""
     return _encode(tokenizer_from_manifest(spec), docs, separate)
 
 
@@ -176,31 +161,26 @@ def _encode_stream(tok: Tokenizer, batches: Iterator[list[str]], num_proc: int,
         return
     spec = {"tokenizer": tok.name, "chars": getattr(tok, "chars", None)}
     with multiprocessing.get_context().Pool(num_proc) as pool:
-        # Pool.imap would read the whole (maybe streamed) source ahead; keep a bounded window.
-        pending: list = []
+        pending: list = []  # a bounded window: Pool.imap would read the whole (maybe streamed) source ahead
         for batch in batches:
             pending.append(pool.apply_async(_worker_encode, (spec, batch, separate)))
             if len(pending) >= 2 * num_proc:
                 yield pending.pop(0).get()
-        while pending:
-            yield pending.pop(0).get()
+        yield from (result.get() for result in pending)
 
 
 def _split_point(n: int, val_fraction: float) -> int:
     """Where val starts in n characters or tokens: its last val_fraction, neither part empty."""
     cut = int(n * (1 - val_fraction))
     if cut == 0 or cut == n:
-        part = "val" if cut == n else "train"  # a tiny --val-fraction empties val, one near 1 empties train
-        raise UserError(f"--val-fraction {val_fraction} of {n} tokens leaves {part} empty; give more text or a "
-                        "--val-fraction nearer 0.1")
+        raise UserError(f"--val-fraction {val_fraction} of {n} tokens leaves {'val' if cut == n else 'train'} empty; "
+                        "give more text or a --val-fraction nearer 0.1")
     return cut
 
 
 def _prepare_single_text(source: Source, tok_name: str, out_dir: Path, val_fraction: float,
                          num_proc: int, verbose: bool) -> tuple[Tokenizer, dict[str, int], None]:
-    from tqdm import tqdm
-
-    corpus = source.text()
+    corpus = "".join(source.documents())
     if not corpus.strip():
         raise UserError(f"{source.label} is empty; give a file with text")
     tok = get_tokenizer(tok_name, text=corpus)
@@ -218,18 +198,18 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
                        num_proc: int, verbose: bool) -> tuple[Tokenizer, dict[str, int], str | None]:
     """Encode the documents into one stream, then split it by tokens: the tail is copied to val.bin
     and the stream, cut short, becomes train.bin (disk peaks at 1 + val_fraction times, not 2)."""
-    from tqdm import tqdm
+    opts: dict[str, Any] = {"total": source.total, "unit": "doc", "disable": not verbose}
+    if tok_name == "char":  # its vocabulary takes a first pass (streamed from the hub: a second download)
+        chars = set(CHAR_DOC_SEPARATOR)
+        for doc in tqdm(source.documents(), desc=f"{out_dir.name}: char vocabulary", **opts):
+            chars.update(doc)
+    tok = get_tokenizer(tok_name, chars=sorted(chars) if tok_name == "char" else None)
+    hasher, documents, stream = hashlib.sha256(), source.documents(), out_dir / "stream.tmp"
 
-    tok = _documents_tokenizer(source, tok_name, out_dir.name, verbose)
-    hasher = hashlib.sha256()
-    documents = source.documents()
-
-    def batches() -> Iterator[list[str]]:
+    def batches() -> Iterator[list[str]]:  # hashed on the way; an empty document would add only a separator
         batch: list[str] = []
         size = 0
-        for doc in documents:
-            if not doc.strip():  # an empty document would add only a separator
-                continue
+        for doc in filter(str.strip, documents):
             hasher.update(doc.encode("utf-8", "surrogatepass") + b"\x1e")
             bar.update(1)
             batch.append(doc)
@@ -240,8 +220,7 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
         if batch:
             yield batch
 
-    stream = out_dir / "stream.tmp"
-    with tqdm(total=source.total, unit="doc", disable=not verbose, desc=f"{out_dir.name}: tokenizing") as bar:
+    with tqdm(desc=f"{out_dir.name}: tokenizing", **opts) as bar:
         write_tokens(stream, _encode_stream(tok, batches(), num_proc), tok.vocab_size)
     tokens = read_tokens(stream)
     if len(tokens) == 0:
@@ -255,23 +234,9 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
     return tok, counts, None if source.sha256 else hasher.hexdigest()
 
 
-def _documents_tokenizer(source: Source, tok_name: str, name: str, verbose: bool) -> Tokenizer:
-    """tok_name's tokenizer; a char one takes its vocabulary from a first pass over the documents."""
-    from tqdm import tqdm
-
-    if tok_name != "char":
-        return get_tokenizer(tok_name)
-    chars: set[str] = set(CHAR_DOC_SEPARATOR)
-    documents = source.documents()  # opens the source: errors surface before any progress bar
-    for doc in tqdm(documents, total=source.total, unit="doc", disable=not verbose, desc=f"{name}: char vocabulary"):
-        chars.update(doc)
-    return get_tokenizer("char", chars=sorted(chars))
-
-
 def hold_dataset(ds_dir: str | os.PathLike, *, rebuild: bool = False) -> IO[str]:
-    """Keep prepared dataset ds_dir (as dataset_dir returns it) as it is while the returned file is open:
-    a prepare of it meanwhile fails with one line, as this does during a prepare. Holders share it (runs,
-    DDP ranks); rebuild=True (prepare's) excludes all. Closing the file, or the process ending, releases it."""
+    """Keep dataset ds_dir as it is until the returned file is closed or the process ends: holders (runs, DDP
+    ranks) share it and a prepare meanwhile fails with one line; rebuild=True, a prepare's own, excludes all."""
     import fcntl
 
     path = Path(ds_dir).parent / f".{Path(ds_dir).name}.lock"  # beside: a lock inside would be swapped out
@@ -297,8 +262,7 @@ def hold_dataset(ds_dir: str | os.PathLike, *, rebuild: bool = False) -> IO[str]
                 why = f"is being prepared by another process (pid {path.read_text().strip() or '?'}); wait for it"
             lock.close()
             raise UserError(f"dataset {Path(ds_dir).name} {why}") from None
-        # A prepare deletes the file when done, under its lock: a lock on a deleted file guards nothing.
-        if path.exists() and path.stat().st_ino == os.fstat(lock.fileno()).st_ino:
+        if path.exists() and path.stat().st_ino == os.fstat(lock.fileno()).st_ino:  # else a prepare deleted it
             break
         lock.close()
     if rebuild:
@@ -362,16 +326,15 @@ def prepare(name: str | None = None, *, text: str | os.PathLike | None = None,
 
     t0 = time.perf_counter()
     num_proc = num_proc or min(8, os.cpu_count() or 1)
-    single = source.text is not None
     with write_errors(out_dir), _rebuilding(out_dir) as work:  # its lock, build folder and swap
         # The swap replaces out_dir whole: only what an earlier prepare wrote there may go (a run, a model: no).
         held = sorted(os.listdir(out_dir)) if out_dir.is_dir() else ["a file"] if out_dir.exists() else []
         if held and ("manifest.json" not in held or set(held) - {"manifest.json", "train.bin", "val.bin"}):
             raise UserError(f"{out_dir} is not a prepared dataset ({', '.join(held[:3])}{', ...' * (len(held) > 3)}); "
                             "pass another --name or --out-root, or delete it")
-        tok, counts, text_hash = (_prepare_single_text if single else _prepare_documents)(
+        tok, counts, text_hash = (_prepare_single_text if source.single else _prepare_documents)(
             source, tok_name, work, val_fraction, num_proc, verbose)
-        manifest = _manifest(name, tok, counts, source, text_hash, val_fraction, single)
+        manifest = _manifest(name, tok, counts, source, text_hash, val_fraction)
         write_json(work / "manifest.json", manifest, ensure_ascii=False)  # chars as they read
     if verbose:
         print(f"{name}: {tok.name} tokenizer, vocab {tok.vocab_size:,}; train {counts['train']:,} tokens, val "
@@ -380,18 +343,15 @@ def prepare(name: str | None = None, *, text: str | os.PathLike | None = None,
     return out_dir
 
 
-def _manifest(name: str, tok: Any, counts: dict[str, int], source: Source, text_hash: str, val_fraction: float,
-              single: bool) -> dict[str, Any]:
+def _manifest(name: str, tok: Any, counts: dict[str, int], source: Source, text_hash: str | None,
+              val_fraction: float) -> dict[str, Any]:
     """What a dataset's manifest.json records: the tokenizer and its vocabulary, the counts, the source."""
-    return {
-        "version": VERSION, "name": name, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
-        **({"chars": "".join(tok.chars)} if tok.name == "char" else {}),
-        "eot_id": tok.eot_id, "train_tokens": counts["train"], "val_tokens": counts["val"],
-        "dtype": dtype_for_vocab(tok.vocab_size).name, "source": source.description,
-        "sha256": source.sha256 or text_hash, "val_fraction": val_fraction,
-        "split_by": "characters" if single else "tokens",
-        "doc_separator": None if single else ("<|endoftext|>" if tok.eot_id is not None else CHAR_DOC_SEPARATOR),
-    }
+    return {"version": VERSION, "name": name, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
+            **({"chars": "".join(tok.chars)} if tok.name == "char" else {}), "eot_id": tok.eot_id,
+            "train_tokens": counts["train"], "val_tokens": counts["val"], "dtype": dtype_for_vocab(tok.vocab_size).name,
+            "source": source.description, "sha256": source.sha256 or text_hash, "val_fraction": val_fraction,
+            "split_by": "characters" if source.single else "tokens",
+            "doc_separator": None if source.single else "<|endoftext|>" if tok.eot_id is not None else CHAR_DOC_SEPARATOR}
 
 
 @entry_point
@@ -412,8 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tokenizer", type=Choice(TOKENIZERS), choices=TOKENIZERS, help="default: the preset's, else gpt2")
     p.add_argument("--val-fraction", type=number(0, 1, lo_open=True, hi_open=True), default=0.1, help="share held out for val")
     p.add_argument("--out-root", default=str(DEFAULT_ROOT), help="where <name>/ is written")
-    p.add_argument("--name", dest="out_name", metavar="NAME",
-                   help="output folder name (default: derived from the source)")
+    p.add_argument("--name", dest="out_name", metavar="NAME", help="output folder name (default: derived from the source)")
     p.add_argument("--num-proc", type=integer(lo=1), help="tokenizer processes (default: cores, max 8)")
     p.add_argument("--force", action=Flag, help="rebuild even if the outputs are up to date")
     p.add_argument("--quiet", action=Flag, help="no progress output")

@@ -1,8 +1,7 @@
 """Token files (train.bin / val.bin): a 32-byte header, then the raw token ids.
 
-Header, little-endian: magic b"GPTTOK\\0\\0" (8 bytes), format version (uint32), dtype code
-(uint32: bytes per token, 2 = uint16, 4 = uint32), token count (uint64), 8 reserved zero bytes.
-uint16 whenever the vocabulary fits (GPT-2's 50257 does): half the disk and page cache.
+The header (HEADER) is little-endian. Ids are uint16 whenever the vocabulary fits (GPT-2's 50257
+does): half the disk and page cache of uint32.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from .files import atomic_write
 
 MAGIC = b"GPTTOK\0\0"
 VERSION = 1
-HEADER = struct.Struct("<8sIIQ8x")  # magic, version, dtype code, token count, reserved
+HEADER = struct.Struct("<8sIIQ8x")  # magic, version, dtype code (bytes per token), token count, reserved
 HEADER_SIZE = HEADER.size  # 32: keeps the token array 4- and 8-byte aligned in the memmap
 _DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
@@ -29,10 +28,6 @@ _DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
     """Smallest supported dtype holding ids 0..vocab_size-1."""
     return _DTYPES[2] if vocab_size <= 2**16 else _DTYPES[4]
-
-
-def _bad(path: Path, problem: str) -> UserError:
-    return UserError(f"token file {path} {problem}; re-run `python -m data.prepare` to rebuild it")
 
 
 def read_header(path: str | os.PathLike) -> tuple[np.dtype, int]:
@@ -43,20 +38,17 @@ def read_header(path: str | os.PathLike) -> tuple[np.dtype, int]:
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(HEADER_SIZE)
-    if len(head) < HEADER_SIZE:
-        raise _bad(path, f"is truncated ({size} bytes, shorter than its {HEADER_SIZE}-byte header)")
-    magic, version, code, count = HEADER.unpack(head)
-    if magic != MAGIC:
-        raise _bad(path, "is not a token file (bad magic bytes)")
-    if version != VERSION:
-        raise _bad(path, f"has format version {version}, this code reads version {VERSION}")
-    if code not in _DTYPES:
-        raise _bad(path, f"has unknown dtype code {code}")
-    dtype = _DTYPES[code]
-    expected = HEADER_SIZE + count * dtype.itemsize
-    if size != expected:
-        raise _bad(path, f"has {size} bytes but its header promises {count} tokens ({expected} bytes)")
-    return dtype, count
+    magic, version, code, count = HEADER.unpack(head.ljust(HEADER_SIZE, b"\0"))
+    expected = HEADER_SIZE + count * code  # the code is the bytes per token
+    problem = (f"is truncated ({size} bytes, shorter than its {HEADER_SIZE}-byte header)" if len(head) < HEADER_SIZE
+               else "is not a token file (bad magic bytes)" if magic != MAGIC
+               else f"has format version {version}, this code reads version {VERSION}" if version != VERSION
+               else f"has unknown dtype code {code}" if code not in _DTYPES
+               else f"has {size} bytes but its header promises {count} tokens ({expected} bytes)" if size != expected
+               else None)
+    if problem:
+        raise UserError(f"token file {path} {problem}; re-run `python -m data.prepare` to rebuild it")
+    return _DTYPES[code], count
 
 
 def read_tokens(path: str | os.PathLike) -> np.ndarray:

