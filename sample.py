@@ -233,10 +233,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UserError(re.sub(r"--ckpt\b", "--out-dir" if out_dir else "--ckpt", str(e))) from None
 
 
-def run(args: argparse.Namespace) -> None:
-    from training.runtime import set_threads, setup
-
-    # empty or folder-valued paths; the numbers' ranges are their parser's
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse empty or folder-valued paths and flags that would do nothing; the numbers' ranges are their parser's."""
     if "" in args.stop:
         raise UserError("--stop must not be empty")
     if "" in (args.config, args.init_from, args.prompt_file, args.show_attention):
@@ -246,6 +244,12 @@ def run(args: argparse.Namespace) -> None:
         raise UserError(f"--show-attention {args.show_attention} is a folder; give a .png file path")
     if args.layer and not args.show_attention:
         raise UserError("--layer applies to --show-attention; add it or drop --layer")
+
+
+def run(args: argparse.Namespace) -> None:
+    from training.runtime import set_threads, setup
+
+    check_args(args)
     stops = [unescape(s) for s in args.stop]
     prompts = read_prompts(args)
     if args.show_attention and len(prompts) > 1:
