@@ -162,8 +162,7 @@ def test_wandb_that_cannot_start_is_one_line_before_any_file(mode, needle, tmp_p
 def test_wandb_that_fails_mid_run_is_a_note_and_the_run_goes_on(tmp_path, data_root, capsys, monkeypatch):
     """Its staging files unwritable (a read-only HOME) raised PermissionError at the first eval."""
     class Failing:
-        id, starting_step, settings = "abc", 0, types.SimpleNamespace(mode="online")
-        define_metric = staticmethod(lambda *a, **k: None)
+        id, starting_step, settings, summary = "abc", 0, types.SimpleNamespace(mode="online"), {}
 
         def log(self, *args, **kwargs):
             raise PermissionError(13, "Permission denied", "/home/me/.cache/wandb/artifacts/staging")
@@ -322,7 +321,8 @@ def test_wandb_takes_its_project_and_folder_from_the_environment_unless_typed(tm
 
     class Run:
         id, starting_step, settings = "abc", 0, types.SimpleNamespace(mode="online")
-        define_metric = log = finish = staticmethod(lambda *a, **k: None)
+        log = finish = staticmethod(lambda *a, **k: None)
+        summary: dict = {}
 
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: kwargs.update(kw) or Run(),
                                                                     Table=dict, login=lambda **kw: True))

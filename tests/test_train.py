@@ -416,10 +416,7 @@ class FakeWandbRun:
     id, settings = "abc", type("S", (), {"mode": "online"})()
 
     def __init__(self, starting_step=0):
-        self.starting_step, self.logged, self.metrics, self.finished = starting_step, [], {}, None
-
-    def define_metric(self, name, summary):
-        self.metrics[name] = summary
+        self.starting_step, self.logged, self.summary, self.finished = starting_step, [], {}, None
 
     def log(self, values, step):
         self.logged.append(values | {"step": step})
@@ -439,13 +436,16 @@ def test_runlog_wandb_exit_code_best_summary_and_no_relogged_steps(tmp_path, mon
     from training import runlog
     fake = FakeWandbRun(starting_step=31)  # wandb holds steps up to 30
     fake_wandb(monkeypatch, fake)
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (10, 20, 30)))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0, "val_loss": v}) + "\n"
+                                                    for s, v in ((10, 3.0), (20, 2.0), (30, 1.0))))
     log = runlog.RunLog(tmp_path, started=0.0, resume_step=20)  # crashed after step 30, saved at 20
     log.start_wandb("p", "n", {}, "abc")
-    for step in (21, 30, 31):
-        log.log({"step": step, "loss": 1.0})
+    for step, val in ((21, None), (30, 2.5), (31, 2.2)):
+        log.log({"step": step, "loss": 1.0, **({"val_loss": val} if val else {})})
     log.close(exit_code=1)
-    assert fake.metrics == {"val_loss": "min"} and [r["step"] for r in fake.logged] == [31] and fake.finished == 1
+    assert [r["step"] for r in fake.logged] == [31] and fake.finished == 1
+    assert fake.summary == {"best_val_loss": 2.0}  # the redone step 30's 1.0 is gone; its 2.0 at step 20 is the best
+    assert fake.logged[0]["val_loss"] == 2.2  # and wandb's own summary keeps the last val_loss
     assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [10, 20, 21, 30, 31]
 
 

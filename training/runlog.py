@@ -68,7 +68,6 @@ class RunLog:
             self.wandb = wandb.init(project=project or os.environ.get("WANDB_PROJECT") or "gpt", name=name,
                                     config=config, dir=None if os.environ.get("WANDB_DIR") else str(self.out_dir),
                                     id=run_id, resume="allow", mode=mode)
-            self.wandb.define_metric("val_loss", summary="min")  # the run's summary is its best val loss
         except Exception as e:  # no key, a bad WANDB_MODE, no network, a folder it cannot write, ...
             raise UserError(f"--wandb: wandb did not start ({_reason(e)}); fix that, or run with WANDB_MODE=offline "
                             "(no account needed) or without --wandb") from None
@@ -91,6 +90,8 @@ class RunLog:
         if self.wandb is not None and record["step"] >= self.wandb_from:  # wandb drops a lower step anyway
             with self._wandb_may_fail():
                 self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None}, step=record["step"])
+                if "val_loss" in record:  # the summary keeps each key's last value, and this: the runs table shows both
+                    self.wandb.summary["best_val_loss"] = min(r["val_loss"] for r in self.records if "val_loss" in r)
 
     def log_sample(self, step: int, text: str) -> None:
         if self.wandb is not None and step >= self.wandb_from:
