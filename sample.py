@@ -52,10 +52,8 @@ def unescape(text: str) -> str:
 
 class TextStream:
     """One sample's token ids in, printable text out.
-
-    Each token's bytes go through an incremental UTF-8 decoder, so a multi-byte character split across
-    BPE tokens comes out once complete. It ends at end-of-text or after the first stop string; `text` is the sample.
-    """
+    An incremental UTF-8 decoder completes characters split across BPE tokens; `text` ends at end-of-text or
+    after the first stop string."""
 
     def __init__(self, tok, stops: Sequence[str] = ()):
         self.tok = tok
@@ -75,9 +73,7 @@ class TextStream:
 
     def finish(self) -> str:
         """Flush bytes still held by the decoder (a truncated character becomes U+FFFD)."""
-        if self.done:
-            return ""
-        piece = self._add(self.decoder.decode(b"", final=True))
+        piece = "" if self.done else self._add(self.decoder.decode(b"", final=True))
         self.done = True
         return piece
 
@@ -143,14 +139,10 @@ def load(args: argparse.Namespace):
 
 
 def check_vocab(model, tok, where: str, declared: int | None = None) -> None:
-    """Refuse a tokenizer the model was not trained with. A model vocab larger than the
-    tokenizer's is fine when training asked for it (`declared`, e.g. --vocab-size 50304) or when
-    it is padded to the next multiple of 64; generate_texts cuts the logits to the tokenizer's
-    vocabulary, so the extra ids are never sampled."""
+    """Refuse a tokenizer the model was not trained with. A larger model vocabulary is fine when training asked
+    for it (`declared`: --vocab-size 50304) or it is padded to a multiple of 64: its extra ids are never sampled."""
     V, tv = model.config.vocab_size, tok.vocab_size
-    if V == tv:
-        return
-    if not (tv < V and (declared == V or (V % 64 == 0 and V - tv < 64))):
+    if V != tv and not (tv < V and (declared == V or (V % 64 == 0 and V - tv < 64))):
         raise UserError(f"{where}: the model's vocabulary ({V} tokens) does not fit the {tok.name} tokenizer "
                         f"({tv} tokens) it would sample with; sample a model trained with that tokenizer")
 
@@ -211,8 +203,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--top-p", type=number(0, 1, lo_open=True),
                    help="keep the smallest set of tokens with this much probability (default: all)")
     p.add_argument("--seed", type=seed, help="same seed, same text (default: random)")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="end a sample after this text (repeatable)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end a sample after this text (repeatable)")
     p.add_argument("--batch-size", type=integer(lo=1), default=32, help="most rows decoded at once")
     p.add_argument("--device", default="auto", **argument(Device), help="auto: cuda > mps > cpu")
     p.add_argument("--dtype", default="auto", **argument(Dtype),
@@ -239,8 +230,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError("--stop must not be empty")
     if "" in (args.config, args.init_from, args.prompt_file, args.show_attention):
         raise UserError("an empty --config, --init-from, --prompt-file or --show-attention names nothing")
-    # without a suffix plot_attention adds .png: beside the folder, not in it
-    if args.show_attention and os.path.isdir(args.show_attention):
+    if args.show_attention and os.path.isdir(args.show_attention):  # plot_attention would add .png beside it
         raise UserError(f"--show-attention {args.show_attention} is a folder; give a .png file path")
     if args.layer and not args.show_attention:
         raise UserError("--layer applies to --show-attention; add it or drop --layer")

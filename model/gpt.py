@@ -3,8 +3,7 @@
 Shapes through one forward pass (B batch, T time, C = n_embd, V = vocab_size):
     idx (B, T) -> wte (B, T, C) [+ wpe (1|B, T, C)] -> h[0..n_layer-1] (B, T, C)
     -> ln_f (B, T, C) -> lm_head (B, T, V)
-`python -m model --config small` prints this walk for a real config.
-"""
+`python -m model --config small` prints this walk for a real config."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """GPT-2's scheme: every Linear and Embedding weight ~ N(0, 0.02), biases zero (norms start
-        at one); the projections that write into the residual stream (attn.c_proj, mlp.c_proj) use
+        """GPT-2's scheme: weights ~ N(0, 0.02), biases zero; the residual projections (c_proj) use
         0.02 / sqrt(2 * n_layer), so the residual's variance does not grow with depth."""
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, module in self.named_modules():
@@ -94,22 +92,16 @@ class GPT(nn.Module):
         return n
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs per token (forward + backward = 3x forward): 6 per weight of every
-        matmul (the lm_head included, the embedding lookups not) plus attention's
-        12 * n_layer * n_embd * seq_len, the usual convention for MFU (PaLM, appendix B)."""
+        """Training FLOPs per token, the MFU convention (PaLM, appendix B): 6 per matmul weight (lm_head
+        included, embedding lookups not) plus attention's 12 * n_layer * n_embd * seq_len."""
         T = seq_len or self.config.block_size
         matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         return 6 * matmul_params + 12 * self.config.n_layer * self.config.n_embd * T
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, padding_mask: torch.Tensor | None = None,
                 kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) token ids -> (logits (B, T, V), loss or None).
-
-        targets (B, T): next-token ids; positions holding -1 (padding) are left out of the loss.
-        padding_mask (B, T) bool, True = real token: padding never serves as a key, and positions
-        count real tokens only, so a left-padded row gives the same logits as the same row unpadded.
-        (Hidden states and attention weights: model/trace.py catches them with hooks.)
-        """
+        """idx (B, T) token ids -> (logits (B, T, V), loss or None); targets of -1 are left out of the loss.
+        padding_mask (B, T), True = real token, gives a left-padded row the logits of the row unpadded."""
         x = self.trunk(idx, padding_mask, kv_cache)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, C) -> (B, T, V)
         if targets is None:
@@ -119,8 +111,7 @@ class GPT(nn.Module):
     def trunk(self, idx: torch.Tensor, padding_mask: torch.Tensor | None = None,
               kv_cache: KVCache | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
         """Everything before the final norm: (B, T) ids -> residual stream (B, T, C).
-        With kv_cache the tokens go to the cache's next slots, or to `slots` (T,) when the
-        caller claimed them (a compiled decode step reads no Python int that changes)."""
+        With kv_cache the tokens go to its next slots, or to `slots` (T,) a compiled step claimed."""
         B, T = idx.size()
         if kv_cache is not None:  # the cache's attn_mask carries the padding from here on
             pos = kv_cache.begin(kv_cache.claim(T) if slots is None else slots, padding_mask)  # (B, T)

@@ -1,10 +1,7 @@
 """Decoding: generate(), with its reference loop and its fast path side by side, and the KV cache.
 
-The reference is nanoGPT's loop. The fast path draws the same tokens from a static cache: its buffers
-never change shape, and which slots a step writes and reads are tensors, not Python ints, so a decode
-step is one graph at every position and `torch.compile` traces it once (generate(compile=True)).
-Host bookkeeping (`pos`, `claim`, `slide`) stays outside that graph; `begin` and `update` run inside it.
-"""
+The fast path's cache never changes shape and its slots are tensors, so `torch.compile` traces one
+decode step for every position; host bookkeeping (`pos`, `claim`, `slide`) stays outside that graph."""
 
 from __future__ import annotations
 
@@ -18,10 +15,7 @@ import torch
 if TYPE_CHECKING:  # annotations only
     from configs.model import GPTConfig
 
-
-
-# Tokens per compiled call: enough to amortise the call's overhead, few enough to compile quickly.
-DECODE_CHUNK = 4
+DECODE_CHUNK = 4  # tokens per compiled call: amortises its overhead, still compiles quickly
 
 
 @torch.no_grad()
@@ -30,14 +24,8 @@ def generate(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int, tem
              generator: torch.Generator | None = None, vocab_size: int | None = None, use_cache: bool = True,
              compile: bool = False) -> Iterator[torch.Tensor]:
     """Yield (B,) new token ids, one step at a time, for streaming.
-
-    idx (B, T) prompts, left-padded where padding_mask (B, T) is False; temperature 0 is greedy.
-    vocab_size: the tokenizer's, when the model's vocabulary is padded past it (50304 for 50257): the
-    logits are cut to it, so no padding id is drawn. Rows that produced eos_id keep yielding it; the
-    iterator ends when all have. Past block_size the context slides. use_cache=False runs the reference
-    loop; compile=True decodes DECODE_CHUNK tokens per torch.compile'd call. The model is in eval mode
-    while generating.
-    """
+    idx (B, T) is left-padded where padding_mask is False; logits are cut to vocab_size (a tokenizer's, below a
+    padded model vocabulary). Finished rows repeat eos_id until all have; use_cache=False runs the reference loop."""
     was_training, done = model.training, torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
     model.eval()
     args = (model, idx, padding_mask, max_new_tokens, temperature, top_k, top_p, generator, vocab_size)
@@ -73,13 +61,11 @@ def reference_decode(model: torch.nn.Module, idx: torch.Tensor, padding_mask: to
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                 generator: torch.Generator | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
-    """(B, V) logits -> (B,) token ids. temperature 0 is greedy; top_k keeps the k likeliest,
-    top_p the smallest set whose probability reaches p (nucleus). noise: (B, V) Exp(1) draws
-    to sample with (default: drawn from generator)."""
+    """(B, V) logits -> (B,) token ids: temperature 0 is greedy, top_k keeps the k likeliest, top_p the
+    smallest set reaching p. noise: (B, V) Exp(1) draws to sample with (default: from generator)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    # The top logit shifted to exactly 0 and t at least float32's smallest normal: a tiny t sends the
-    # rest to -inf, never inf - inf or 0 / 0 = nan (1e-300 is 0 in float32), so it approaches greedy.
+    # The top logit shifted to 0 and t >= float32's tiny: a tiny t sends the rest to -inf, never to nan.
     logits = logits.float()
     logits = (logits - logits.amax(-1, keepdim=True)) / max(temperature, torch.finfo(torch.float32).tiny)
     if top_k is not None and top_k < logits.size(-1):
@@ -92,8 +78,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         drop_sorted = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
         drop_sorted[..., 0] = False  # 0 >= top_p when top_p underflows float32 (1e-300)
         logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
-    # A draw from probs: the index of the smallest of independent Exp(1) / p_i (an exponential race;
-    # each is exponential with rate p_i). Exact, like torch.multinomial, at half its cost per step.
+    # An exponential race: argmax p_i / Exp(1) draws exactly as torch.multinomial, at half its cost.
     probs = logits.softmax(dim=-1)
     if noise is None:
         noise = torch.empty_like(probs).exponential_(generator=generator)
@@ -103,9 +88,8 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 def cached_decode(model: torch.nn.Module, idx: torch.Tensor, padding_mask: torch.Tensor | None, max_new_tokens: int,
                   temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None,
                   vocab_size: int | None, compile: bool) -> Iterator[torch.Tensor]:
-    """The fast path: within block_size, the reference's tokens from a KV cache. The first step fills
-    the cache (the prefill); each later one feeds one token, or DECODE_CHUNK a compiled call. Past
-    block_size a row's window restarts from its last half (KVCache.slide), as if it decoded alone."""
+    """The fast path: the reference's tokens from a KV cache, one token a step or DECODE_CHUNK a compiled call.
+    Past block_size a row restarts from its last half (KVCache.slide), as if it decoded alone."""
     if max_new_tokens == 0:
         return
     block_size, B, V = model.config.block_size, idx.size(0), vocab_size or model.config.vocab_size
@@ -131,11 +115,9 @@ def cached_decode(model: torch.nn.Module, idx: torch.Tensor, padding_mask: torch
         noise = None if temperature == 0 else torch.stack(
             [torch.empty(B, V, device=idx.device).exponential_(generator=generator) for _ in range(K)])
         step = compiled_decode_steps() if K > 1 else decode_steps
-        # The newest token (B, 1) as drawn, not a view of idx: a view's strides change as idx grows, and a
-        # compiled call would retrace for them.
+        # The newest token (B, 1) as drawn, not a view of idx, whose changing strides would retrace.
         args = (toks[-1][:, None], cache.claim(K), cache, noise)
-        # Once a compiled step has run, nothing its guards check changes within this generate(), so
-        # they are skipped: they cost as much as a small model's arithmetic.
+        # After the first compiled step its guards cannot change here; skipping them saves a small model's arithmetic.
         try:
             with torch.compiler.set_stance(skip_guard_eval_unsafe=True) if checked and K > 1 else nullcontext():
                 toks = step(model, *args, sampling, vocab_size)  # (K, B)
@@ -146,8 +128,8 @@ def cached_decode(model: torch.nn.Module, idx: torch.Tensor, padding_mask: torch
 
 def decode_steps(model: torch.nn.Module, idx: torch.Tensor, slots: torch.Tensor, cache: KVCache, noise: torch.Tensor | None,
                  sampling: tuple, vocab_size: int | None) -> torch.Tensor:
-    """One step per slot in slots (K,), fed idx (B, 1) and then each token the step before drew with
-    noise[i] of (K, B, V) -> (K, B). Compiled, the loop is unrolled: K tokens for one call's overhead."""
+    """One step per slot in slots (K,) from idx (B, 1), step i drawing with noise[i] -> (K, B).
+    Compiled, the loop unrolls: K tokens for one call's overhead."""
     toks = []
     for i in range(slots.size(0)):
         x = model.trunk(idx, kv_cache=cache, slots=slots[i : i + 1])
@@ -164,30 +146,24 @@ def last_logits(model: torch.nn.Module, x: torch.Tensor, vocab_size: int | None)
 
 @cache
 def compiled_decode_steps() -> Callable[..., torch.Tensor]:
-    """decode_steps compiled once per process, one graph per model shape, batch size and cache length
-    (parameters are inputs). It pays for small models, whose eager steps are mostly per-op overhead.
-    decompose_mm_pass makes one-row matmuls loops that inductor fuses with their neighbours; size
-    asserts are off because checking the fixed shapes on every call cost more than the arithmetic."""
+    """decode_steps compiled once per process (one graph per shape), for small models' per-op overhead.
+    decompose_mm_pass lets inductor fuse one-row matmuls; size asserts cost more than the arithmetic."""
     options = {"post_grad_fusion_options": {"decompose_mm_pass": {}}, "size_asserts": False}
     return torch.compile(decode_steps, fullgraph=True, dynamic=False, options=options)
 
 
 class KVCache:
-    """Keys and values of every layer in max_len slots. Rows are left-padded, so all rows write
-    the same slot at each step; `pos` slots are written. `mask` (B, max_len) is True where a slot
-    holds a real token of that row (not padding, not stale after a slide, not unwritten yet):
-    attention reads every slot and lets the mask decide."""
+    """Keys and values of every layer in max_len slots, all rows writing the same slot at each step.
+    Attention reads every slot; `mask` (B, max_len) is True where a slot holds a real token of that row."""
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype):
         self.config = config
-        # One tensor per layer, not one stacked tensor: a compiled step then writes the new
-        # slot in place, where writing into a slice of a stacked input copied the whole cache.
+        # One tensor per layer: a compiled step writes in place, where a stacked one was copied whole.
         shape = (batch_size, config.n_head, max_len, config.head_size)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.max_len, self.pos = max_len, 0
-        # The current step (set by begin): the slots it writes, and which slots each query sees.
         self.slots = torch.empty(0, dtype=torch.long, device=device)
         self.attn_mask = self.mask[:, None, None, :]  # (B, L) -> (B, 1, 1, L)
 
@@ -199,11 +175,10 @@ class KVCache:
         return torch.arange(self.pos - T, self.pos, device=self.mask.device)
 
     def begin(self, slots: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
-        """Tensor side of a step: make slots (T,) this step's, real where padding_mask (B, T) says so
-        (None: all), and set `attn_mask` (B, 1, T, max_len), True = may attend, for every layer. Returns
-        the new tokens' positions (B, T), counting real tokens only (a left-padded row starts at 0)."""
+        """Tensor side of a step: write slots (T,) next, set `attn_mask` (B, 1, T, max_len) for every layer and
+        return the tokens' positions (B, T), which count real tokens only (padding_mask None: all real)."""
         T = slots.size(0)
-        before = self.mask.sum(1, keepdim=True)  # (B, 1) real tokens already cached
+        before = self.mask.sum(1, keepdim=True)  # (B, 1)
         if padding_mask is None:
             pos = before + torch.arange(T, device=slots.device)  # (B, 1) + (T,) -> (B, T)
             self.mask.index_fill_(1, slots, True)
@@ -225,17 +200,14 @@ class KVCache:
         return self.k[layer], self.v[layer]
 
     def slide(self, lens: list[int], idx: torch.Tensor, prefill: Callable[..., Any], room: int = 1) -> None:
-        """Make room before a decode step, per row, as if each row decoded alone. lens[b] counts row
-        b's real tokens, always its last lens[b] slots; idx (B, T) holds each row's recent tokens. A
-        row that filled block_size restarts from its last block_size // 2 tokens (halving keeps
-        re-prefills rare): `prefill(ids, kv_cache=fresh)` recomputes all but the newest, which the
-        coming step feeds, with positions from 0. Then, if fewer than `room` slots are free, the
-        real slots move to the front. Updates lens in place."""
+        """Make room before a step, per row, as if it decoded alone; lens[b] (updated in place) counts row b's last
+        real slots. A full row re-prefills its last block_size // 2 tokens of idx (B, T) from position 0 (halving
+        keeps this rare), and when fewer than `room` slots are free the real ones move to the front."""
         block_size = self.config.block_size
         rows = [b for b, n in enumerate(lens) if n >= block_size]
         P, keep = self.pos, max(0, block_size // 2 - 1)
         if rows:
-            self.mask[rows, :P] = False  # the rebuilt rows' older slots are now stale
+            self.mask[rows, :P] = False  # stale
             if keep > 0:
                 fresh = KVCache(self.config, len(rows), keep, idx.device, self.k[0].dtype)
                 prefill(idx[rows, -keep - 1 : -1], kv_cache=fresh)
@@ -254,8 +226,7 @@ class KVCache:
 
 
 def cache_slots(block_size: int, needed: int, compile: bool) -> int:
-    """KV cache slots for `needed` positions, at most block_size (past it the cache slides). Compiled,
-    rounded up to a multiple of block_size / 8: each size is its own graph, so at most 8 serve every
-    length, while attention (which reads every slot) reads few more than the run needs."""
+    """KV cache slots for `needed` positions, at most block_size. Compiled, rounded up to a multiple of
+    block_size / 8, so at most 8 graphs (one per size) serve every length."""
     step = max(1, block_size // 8)
     return min(block_size, -(-needed // step) * step if compile else needed)

@@ -25,9 +25,8 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(config: GPTConfig, dim: int) -> nn.Module:
-    if config.norm == "rmsnorm":
-        return RMSNorm(dim, config.norm_eps)
-    return nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
+    rms = config.norm == "rmsnorm"
+    return RMSNorm(dim, config.norm_eps) if rms else nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
 
 
 class Rotary(nn.Module):

@@ -1,11 +1,8 @@
 """Weight-only int8 for CPU decoding: every Linear's weight as int8 with one scale per output row.
 
-Decoding one row at a time reads every weight once per token, so it runs at memory bandwidth:
-int8 reads a quarter of float32's bytes. The activations stay float32 between layers (norms,
-attention and the KV cache are untouched); only the matmul input is rounded to bfloat16, the
-input torch._weight_int8pack_mm has a fast CPU kernel for (float32 input is much slower).
-The tied lm_head gets its own int8 copy (the embedding still looks rows up in float32).
-"""
+Decoding reads every weight once per token, so it runs at memory bandwidth: int8 reads a quarter of
+float32's bytes. Only the matmul input is rounded to bfloat16, which torch._weight_int8pack_mm has a fast
+CPU kernel for; the tied lm_head gets its own int8 copy (the embedding stays float32)."""
 
 from __future__ import annotations
 
