@@ -203,7 +203,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--top-p", type=number(0, 1, lo_open=True),
                    help="keep the smallest set of tokens with this much probability (default: all)")
     p.add_argument("--seed", type=seed, help="same seed, same text (default: random)")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end a sample after this text (repeatable)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="end a sample after this text (repeatable)")
     p.add_argument("--batch-size", type=integer(lo=1), default=32, help="most rows decoded at once")
     p.add_argument("--device", default="auto", **argument(Device), help="auto: cuda > mps > cpu")
     p.add_argument("--dtype", default="auto", **argument(Dtype),
