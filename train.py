@@ -43,8 +43,8 @@ from model.checkpoint import BEST_NAME, CKPT_NAME, keep_best
 from training.budget import StopSignal, TimeBudget, exit_code
 from training.optim import lr_multiplier, set_lr
 from training.plan import DEFAULT_MFU, out_of_memory, plan_report
-from training.run import (Run, build_model, build_optimizer, diverged, eval_only, evaluate, final_estimate,
-                          lock_run_dir, open_data, resumed_checkpoint, sample_text, save, vocab_size)
+from training.run import (Run, TrainingDiverged, build_model, build_optimizer, eval_only, evaluate,
+                          final_estimate, lock_run_dir, open_data, resumed_checkpoint, sample_text, save, vocab_size)
 from training.runtime import Runtime, setup
 
 
@@ -97,7 +97,7 @@ def checkpoint(run: Run, stop: StopSignal, budget: TimeBudget | None = None, sav
     if rt.ddp:
         torch.distributed.broadcast(val, src=0)  # also the barrier: the others wait for rank 0
     if not math.isfinite(val.item()):
-        raise diverged(run, f"val loss became {val.item()} at step {run.step}")
+        raise TrainingDiverged(run, f"val loss became {val.item()} at step {run.step}")
     if losses is None:
         return
     if rt.is_master:
@@ -222,7 +222,7 @@ def loop(run: Run, stop: StopSignal) -> None:
             loss, signalled, late = agree(rt, loss, stop.name is not None, late)
             if not math.isfinite(loss):
                 run.optimizer.zero_grad(set_to_none=True)
-                raise diverged(run, f"loss became {loss} at step {run.step + 1}")
+                raise TrainingDiverged(run, f"loss became {loss} at step {run.step + 1}")
             grad_norm = optimizer_step(run.model, run.optimizer, rt, cfg.grad_clip)
             run.step += 1
             window.append((loss, time.perf_counter() - t0))

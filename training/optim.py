@@ -1,16 +1,11 @@
-"""Optimizers and the learning-rate schedule (training's, not the model's).
+"""Optimizers and the learning-rate schedule: --optimizer adamw or muon.
 
-Two recipes, chosen by `--optimizer`:
-  adamw  AdamW on everything; weight decay on matrices (Linear weights, embeddings) only.
-  muon   Muon on the 2-D weights inside the transformer blocks, AdamW on the rest (embeddings,
-         the head, norms, biases); decoupled weight decay on every matrix. Muon makes every
-         direction of a weight matrix learn at the same rate (docs/performance.md: what it buys).
-"""
+adamw: weight decay on matrices only. muon: Muon on the transformer blocks' matrices (every direction of a matrix
+learns at the same rate: docs/performance.md), AdamW on the rest, decoupled weight decay on every matrix."""
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Any
 
 import torch
@@ -18,13 +13,11 @@ import torch
 
 @torch.no_grad()
 def orthogonalize(update: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Approximately U V^T for each matrix update = U S V^T (batched over leading dims), by a
-    quintic Newton-Schulz iteration whose coefficients push every singular value into roughly
-    [0.7, 1.2] in 5 steps rather than converge: enough for an optimizer step, and cheap."""
+    """Approximately U V^T for each matrix update = U S V^T (batched over leading dims): a quintic Newton-Schulz
+    iteration that pushes every singular value into about [0.7, 1.2] in 5 steps, which is enough for a step."""
     a, b, c = 3.4445, -4.7750, 2.0315
-    x = update.to(dtype).reshape(-1, *update.shape[-2:])  # (..., m, n) -> (batch, m, n)
-    tall = x.size(-2) > x.size(-1)
-    if tall:  # iterate on the wide orientation so x @ x^T is the smaller Gram matrix
+    x = update.to(dtype).reshape(-1, *update.shape[-2:])
+    if tall := x.size(-2) > x.size(-1):  # iterate on the wide orientation: x @ x^T is the smaller Gram matrix
         x = x.mT
     x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # singular values <= 1: the basin
     for _ in range(steps):
@@ -35,9 +28,8 @@ def orthogonalize(update: torch.Tensor, steps: int = 5, dtype: torch.dtype = tor
 
 
 class Muon(torch.optim.Optimizer):
-    """SGD with Nesterov momentum whose update is orthogonalized before it is applied; 2-D weights
-    only. Steps scale by sqrt(max(1, rows / cols)) so tall and wide matrices move their outputs
-    alike; weight decay is decoupled, as in AdamW; ns_dtype is Newton-Schulz's precision."""
+    """SGD with Nesterov momentum whose update is orthogonalized, for 2-D weights; steps scale by
+    sqrt(max(1, rows / cols)) so that tall and wide matrices move their outputs alike."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
                  ns_steps: int = 5, weight_decay: float = 0.0, ns_dtype: torch.dtype = torch.bfloat16):
@@ -53,29 +45,23 @@ class Muon(torch.optim.Optimizer):
             lr, mu = group["lr"], group["momentum"]
             params = [p for p in group["params"] if p.grad is not None]
             grads = [p.grad for p in params]
-            for p in params:
-                if "momentum_buffer" not in self.state[p]:
-                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+            for p in (p for p in params if "momentum_buffer" not in self.state[p]):
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
             bufs = [self.state[p]["momentum_buffer"] for p in params]
-            # One foreach op over all parameters instead of one small op each: fewer launches.
             torch._foreach_mul_(bufs, mu)
             torch._foreach_add_(bufs, grads)
             updates = torch._foreach_add(grads, bufs, alpha=mu) if group["nesterov"] else bufs
             if group["weight_decay"]:
                 torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-            same_shape: dict[torch.Size, list[int]] = defaultdict(list)
-            for i, p in enumerate(params):
-                same_shape[p.shape].append(i)
-            # One batched Newton-Schulz per shape (e.g. every layer's c_fc at once): fewer, larger matmuls.
-            for shape, idx in same_shape.items():
+            for shape in dict.fromkeys(p.shape for p in params):  # one batched Newton-Schulz per shape: fewer matmuls
+                idx = [i for i, p in enumerate(params) if p.shape == shape]
                 directions = orthogonalize(torch.stack([updates[i] for i in idx]), group["ns_steps"], self.ns_dtype)
                 scale = max(1.0, shape[0] / shape[1]) ** 0.5
                 torch._foreach_add_([params[i] for i in idx], list(directions.unbind()), alpha=-lr * scale)
 
 
 class Chain:
-    """Several optimizers that act as one: step, zero_grad, param_groups and state_dict span
-    them all, so the training loop (and GradScaler) need not know there are two."""
+    """Several optimizers that act as one, so that the training loop (and GradScaler) need not know there are two."""
 
     def __init__(self, *optimizers: torch.optim.Optimizer):
         self.optimizers = optimizers
@@ -100,9 +86,8 @@ class Chain:
         return {"chain": [opt.state_dict() for opt in self.optimizers]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the optimizers' state (moments, momentum buffers, step counts) but keep the
-        hyperparameters this run was configured with: torch's load_state_dict brings back the
-        saved ones, which would silently ignore a changed --lr or --weight-decay on --resume."""
+        """Restore the optimizers' state but keep this run's hyperparameters: torch's would bring back the saved
+        ones, silently ignoring a changed --lr or --weight-decay on --resume."""
         for opt, s in zip(self.optimizers, state["chain"], strict=True):
             configured = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
             opt.load_state_dict(s)
@@ -110,11 +95,9 @@ class Chain:
                 group.update(hyper)
 
 
-def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool,
-                        dtype: torch.dtype = torch.float32) -> Chain:
-    """The optimizer for cfg.optimizer; each param group keeps its peak rate as "base_lr" for set_lr.
-    fused: AdamW's one-kernel step (rt.choices.fused_adamw). dtype: the run's compute dtype
-    (rt.choices.dtype), which Muon's Newton-Schulz uses too: bf16 only where bf16 is native."""
+def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool, dtype: torch.dtype = torch.float32) -> Chain:
+    """The optimizer for cfg.optimizer, each param group's peak rate kept as "base_lr" for set_lr. fused: AdamW's
+    one-kernel step; dtype: the run's compute dtype, which Muon's Newton-Schulz uses too."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights once
     hidden = [p for n, p in named if cfg.optimizer == "muon" and p.dim() == 2 and ".h." in n]
     rest = [p for n, p in named if not any(p is q for q in hidden)]
@@ -132,8 +115,8 @@ def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool,
 
 
 def lr_multiplier(step: int, progress: float, cfg: Any) -> float:
-    """Fraction of the peak learning rate at optimizer step `step` (0-based): linear warmup, then cfg.lr_schedule
-    by `progress`, the share of the run done (steps, or --max-time's clock if further along)."""
+    """Fraction of the peak learning rate at step `step` (0-based): linear warmup, then cfg.lr_schedule by
+    `progress`, the share of the run done (steps, or --max-time's clock if further along)."""
     if step < cfg.warmup_iters:
         return (step + 1) / (cfg.warmup_iters + 1)
     if cfg.lr_schedule == "constant":

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,7 @@ RESUME_KEYS = ("model", "train_config", "optimizer", "scaler", "step", "loader",
 
 def build_model(cfg: TrainConfig, rt: Runtime, manifest: dict[str, Any], ckpt: dict | None) -> tuple[GPT, TrainConfig]:
     """The GPT for this run on its device: the resumed checkpoint's, --init-from weights, or fresh from cfg.
-    Weights from a checkpoint or a pretrained model bring their architecture (cfg's model fields
-    are updated to match and the difference is printed); dropout always comes from cfg."""
+    Loaded weights bring their architecture into cfg (the difference is printed); dropout is always cfg's."""
     if not cfg.init_from:  # pretrained weights bring an architecture known only once loaded
         arch = {k: v for k, v in (ckpt or {}).get("model_config", {}).items() if k in ARCH_FIELDS}
         check_fits(replace(cfg, **arch), manifest["vocab_size"], rt)  # building allocates the masks
@@ -74,10 +73,8 @@ def _weights(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> t
         model, src, source = load_pretrained(cfg.init_from, dropout=cfg.dropout)
         if src is not None:
             trained_on = src.get("manifest")
-        # a HF folder's ids mean text too: our export's manifest.json says whose; without one, GPT-2 BPE's
-        # if it has that many rows (a smaller vocabulary is someone's own: only its size can be checked)
         elif (source / "manifest.json").is_file() or model.config.vocab_size >= 50257:
-            trained_on = pretrained_manifest(source, None)
+            trained_on = pretrained_manifest(source, None)  # else GPT-2 BPE's, if it has that many rows
     else:
         source, model = "", GPT(cfg.model_config(vocab_size))
     if trained_on and (changes := differences(trained_on, manifest, VOCABULARY)):
@@ -93,20 +90,18 @@ def _weights(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> t
         raise UserError(f"block_size {cfg.block_size} exceeds the context of {source} ({mc.block_size}); "
                         f"pass --block-size {mc.block_size} or less")
     built = replace(cfg, **{k: getattr(mc, k) for k in ARCH_FIELDS})
-    changed = [f"{k}={getattr(built, k)}" for k in ARCH_FIELDS if getattr(cfg, k) != getattr(built, k)
-               and not (k == "vocab_size" and cfg.vocab_size == 0)]
-    if changed:
+    if changed := [f"{k}={getattr(built, k)}" for k in ARCH_FIELDS if getattr(cfg, k) != getattr(built, k)
+                   and not (k == "vocab_size" and cfg.vocab_size == 0)]:
         print(f"note: architecture taken from {source}: {' '.join(changed)}")
     return model, built
 
 
 def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
-    """--eval-only: mean loss and perplexity of --init-from (or out_dir's best checkpoint) on the
-    whole val split of cfg.dataset, and on as many train windows (from the start)."""
+    """--eval-only: loss and perplexity of --init-from (or out_dir's best checkpoint) on the whole val split,
+    and on as many train windows from the start."""
     if rt.ddp:
         raise UserError("--eval-only runs in one process; start it with python, not torchrun")
-    ds_dir = dataset_dir(cfg.dataset, cfg.data_root)
-    manifest = read_dataset_manifest(ds_dir)
+    manifest = read_dataset_manifest(ds_dir := dataset_dir(cfg.dataset, cfg.data_root))
     if not cfg.init_from and not is_checkpoint(cfg.run_dir):
         raise UserError(f"--eval-only: no checkpoint in {cfg.run_dir}; train one first, or pass --init-from "
                         "(a run dir, a Hugging Face GPT-2 dir or a hub id such as gpt2)")
@@ -120,35 +115,10 @@ def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     return {**losses, "stopped": "eval_only"}
 
 
-def check_resumable(cfg: TrainConfig, ckpt: dict, path: Path, manifest: dict[str, Any]) -> None:
-    """Refuse a checkpoint --resume cannot continue exactly: incomplete, or from other data."""
-    if missing := [k for k in RESUME_KEYS if k not in ckpt]:
-        raise UserError(f"cannot resume {path}: its checkpoint has no {', '.join(missing)} (not saved by train.py, "
-                        f"or damaged); use --init-from {path} to start from its weights")
-    saved = ckpt["train_config"]
-    if saved.get("dataset") != cfg.dataset:
-        raise UserError(f"cannot resume {path}: it trained on {saved.get('dataset')!r}, this run asks for "
-                        f"{cfg.dataset!r}; drop --resume, or use --init-from {path} to fine-tune")
-    if changes := differences(ckpt["manifest"], manifest):
-        raise UserError(f"cannot resume {path}: dataset {cfg.dataset} was prepared again since it was saved "
-                        f"({', '.join(changes)}), so its token ids mean other text; prepare the data it trained "
-                        "on again, or train afresh without --resume")
-    old_sha = ckpt["manifest"].get("sha256")  # same alphabet and length can still be other text: ids mean other words
-    if old_sha and manifest.get("sha256") and old_sha != manifest["sha256"]:
-        raise UserError(f"cannot resume {path}: dataset {cfg.dataset} was rebuilt from other text since this run "
-                        f"started; use --init-from {path} to fine-tune on it, or prepare the old text again to resume")
-    ignore = {"resume", "init_from", *ARCH_FIELDS}  # the checkpoint's architecture wins anyway
-    if changes := [f"{k} {saved[k]!r} -> {v!r}" for k, v in cfg.to_dict().items()
-                   if k in saved and k not in ignore and saved[k] != v]:
-        print(f"note: resuming with changed settings: {', '.join(changes)}")
-
-
 def vocab_size(cfg: TrainConfig) -> int:
     """cfg's vocab_size, else its dataset's (a preset is prepared first, as training would): for --plan."""
-    if cfg.vocab_size:
-        return cfg.vocab_size
     try:
-        return read_dataset_manifest(dataset_dir(cfg.dataset, cfg.data_root))["vocab_size"]
+        return cfg.vocab_size or read_dataset_manifest(dataset_dir(cfg.dataset, cfg.data_root))["vocab_size"]
     except UserError as e:
         raise UserError(f"{e}; or plan without the data by giving --vocab-size") from None
 
@@ -188,19 +158,12 @@ def sample_text(run: Run) -> str:
     return tok.decode([int(t[0]) for t in out])
 
 
-@dataclass
-class Data:
+class Data(contextlib.ExitStack):
     """The run's dataset: its folder and manifest, held (a shared lock) so that no prepare changes it mid-run."""
 
-    dir: Path
-    manifest: dict[str, Any]
-    held: contextlib.ExitStack
-
-    def __enter__(self) -> Data:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.held.close()
+    def __init__(self, dir: Path, manifest: dict[str, Any]) -> None:
+        super().__init__()
+        self.dir, self.manifest = dir, manifest
 
 
 def open_data(cfg: TrainConfig, rt: Runtime) -> Data:
@@ -216,55 +179,77 @@ def open_data(cfg: TrainConfig, rt: Runtime) -> Data:
         if short := [s for s in ("val", "train") if manifest[f"{s}_tokens"] <= cfg.block_size]:
             raise UserError(f"{short[0]} split of {cfg.dataset} is shorter than one block "
                             f"({cfg.block_size + 1} tokens); lower --block-size")
-        return Data(ds_dir, manifest, held.pop_all())
+        data = Data(ds_dir, manifest)
+        data.push(held.pop_all())
+        return data
 
 
 def resumed_checkpoint(cfg: TrainConfig, rt: Runtime, data: Data) -> dict[str, Any] | None:
-    """--resume's checkpoint, checked against this run; None for a new run, which must not overwrite a trained one."""
-    run_dir = cfg.run_dir
-    if cfg.resume and not is_checkpoint(run_dir) and not (run_dir / BEST_NAME).is_file():
-        raise UserError(f"--resume: no checkpoint at {run_dir / CKPT_NAME}; drop --resume to start this run")
-    ckpt = load_checkpoint(run_dir / CKPT_NAME) if cfg.resume else None
-    if ckpt is not None:
-        check_resumable(cfg, ckpt, run_dir, data.manifest)
-    elif rt.is_master and ((run_dir / CKPT_NAME).is_file() or (run_dir / BEST_NAME).is_file()):
-        raise UserError(f"{run_dir} holds a trained run; continue it with --resume, or start over in another "
-                        f"--out-dir (or after deleting {run_dir})")
+    """--resume's checkpoint, refused unless this run can continue it exactly; None for a new run, which must
+    not overwrite a trained one."""
+    path = cfg.run_dir
+    if not cfg.resume:
+        if rt.is_master and ((path / CKPT_NAME).is_file() or (path / BEST_NAME).is_file()):
+            raise UserError(f"{path} holds a trained run; continue it with --resume, or start over in another "
+                            f"--out-dir (or after deleting {path})")
+        return None
+    if not is_checkpoint(path) and not (path / BEST_NAME).is_file():
+        raise UserError(f"--resume: no checkpoint at {path / CKPT_NAME}; drop --resume to start this run")
+    ckpt = load_checkpoint(path / CKPT_NAME)
+    if missing := [k for k in RESUME_KEYS if k not in ckpt]:
+        raise UserError(f"cannot resume {path}: its checkpoint has no {', '.join(missing)} (not saved by train.py, "
+                        f"or damaged); use --init-from {path} to start from its weights")
+    saved = ckpt["train_config"]
+    if saved.get("dataset") != cfg.dataset:
+        raise UserError(f"cannot resume {path}: it trained on {saved.get('dataset')!r}, this run asks for "
+                        f"{cfg.dataset!r}; drop --resume, or use --init-from {path} to fine-tune")
+    if changes := differences(ckpt["manifest"], data.manifest):
+        raise UserError(f"cannot resume {path}: dataset {cfg.dataset} was prepared again since it was saved "
+                        f"({', '.join(changes)}), so its token ids mean other text; prepare the data it trained "
+                        "on again, or train afresh without --resume")
+    old_sha, sha = ckpt["manifest"].get("sha256"), data.manifest.get("sha256")  # same sizes can be other text
+    if old_sha and sha and old_sha != sha:
+        raise UserError(f"cannot resume {path}: dataset {cfg.dataset} was rebuilt from other text since this run "
+                        f"started; use --init-from {path} to fine-tune on it, or prepare the old text again to resume")
+    ignore = {"resume", "init_from", *ARCH_FIELDS}  # the checkpoint's architecture wins anyway
+    if changes := [f"{k} {saved[k]!r} -> {v!r}" for k, v in cfg.to_dict().items()
+                   if k in saved and k not in ignore and saved[k] != v]:
+        print(f"note: resuming with changed settings: {', '.join(changes)}")
     return ckpt
 
 
 class Run:
-    """What the loop works with: the model as it trains (compiled, DDP-wrapped), this rank's batches, the
-    run's progress and its log, restored from the checkpoint on --resume. Closing it (a `with` block) draws
-    loss.png and closes the log, marking the wandb run failed unless the run stopped as it should."""
+    """What the loop works with: the model as it trains, this rank's batches, the run's progress and its log,
+    restored on --resume; closing it draws loss.png and closes the log."""
 
     def __init__(self, cfg: TrainConfig, rt: Runtime, model: GPT, optimizer: torch.optim.Optimizer, data: Data,
                  ckpt: dict[str, Any] | None, started: float) -> None:
         self.cfg, self.rt, self.model, self.optimizer, self.data, self.started = cfg, rt, model, optimizer, data, started
-        self.grad_accum = cfg.accumulation(rt.world_size)
+        self.grad_accum, self.run_dir = cfg.accumulation(rt.world_size), cfg.run_dir
+        self.tokens_per_step = self.grad_accum * cfg.batch_size * cfg.block_size * rt.world_size
         self.loader = GlobalBatchLoader(data.dir / "train.bin", cfg.block_size,
                                         self.grad_accum * cfg.batch_size * rt.world_size, self.grad_accum, rt.rank,
                                         rt.world_size, rt.device, cfg.seed, cfg.sampling)
-        # What has been done: the steps, and the step of the newest ckpt.pt; the newest eval's record
-        # ({"step": n} alone when a stop signal cut it short) says whether this step was evaluated.
+        # saved_at: the newest ckpt.pt's step; last_eval: the newest eval's record ({"step": n} if a signal cut it)
         self.step, self.saved_at, self.last_eval = 0, None, {}
         self.best_val, self.wandb_id, self.stopped = math.inf, None, None
-        if ckpt is not None:
+        resumed = ckpt is not None
+        if resumed:
             self.loader.load_state_dict(ckpt["loader"])
             self.step = self.saved_at = ckpt["step"]  # saves come with evals
             self.best_val, self.wandb_id = ckpt["best_val"], ckpt.get("wandb_id")
         example = torch.zeros(2, cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
         self.train_model: torch.nn.Module | None = trainable(model, rt, tuple(example))  # compiled, DDP-wrapped
-        self.log = RunLog(self.run_dir, started, resume_step=self.step if ckpt is not None else None,
+        self.log = RunLog(self.run_dir, started, resume_step=self.step if resumed else None,
                           reference=Reference.matching(cfg.to_dict(), rt.world_size)) if rt.is_master else None
-        if ckpt is not None:
-            self.last_eval = next((r for r in self.log.records if r["step"] == self.step and "val_loss" in r),
-                                  {"step": self.step}) if self.log else {"step": self.step}
+        if resumed:
+            self.last_eval = next((r for r in (self.log.records if self.log else [])
+                                   if r["step"] == self.step and "val_loss" in r), {"step": self.step})
         if rt.is_master:
-            announce(self, resumed=ckpt is not None)
+            announce(self, resumed)
             if rt.device_type == "cpu":
                 say_if_long(self)
-        if ckpt is not None:  # last, so nothing above (model init, compile) shifts the streams
+        if resumed:  # last, so nothing above (model init, compile) shifts the streams
             restore_rng_state(ckpt["rng"])
             if rt.rank:  # only rank 0's streams are saved; keep the ranks' dropout masks distinct
                 torch.manual_seed(int(np.random.SeedSequence([cfg.seed, rt.rank, self.step]).generate_state(1)[0]))
@@ -279,39 +264,24 @@ class Run:
             self.log.close(exit_code=1 if failed or self.stopped is None else exit_code(self.stopped))
 
     @property
-    def run_dir(self) -> Path:
-        return self.cfg.run_dir
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.grad_accum * self.cfg.batch_size * self.cfg.block_size * self.rt.world_size
-
-    @property
     def losses(self) -> dict[str, float]:
         """This step's train and val loss, if this step was evaluated."""
-        if self.last_eval.get("step") != self.step:
-            return {}
-        return {k: self.last_eval[k] for k in ("train_loss", "val_loss") if k in self.last_eval}
-
-
-# A checkpoint holds the weights and AdamW's two moments (~3x the weights), written at the
-# speed of a slow disk, plus a fixed cost for pickling and fsync.
-CKPT_BYTES_PER_WEIGHT_BYTE, DISK_BYTES_PER_S, SAVE_FIXED_S = 3, 200e6, 0.2
+        now = self.last_eval if self.last_eval.get("step") == self.step else {}
+        return {k: now[k] for k in ("train_loss", "val_loss") if k in now}
 
 
 def final_estimate(run: Run) -> Callable[[float], float]:
-    """--max-time's guess of the final eval + save + plot, until one has been timed: one eval batch
-    timed now (warm: a cold first call took 1.2x as long), scaled to the eval's size, plus the
-    checkpoint's write. Not a share of a step's time: that share differs between CPUs."""
-    cfg, model = run.cfg, run.model
+    """--max-time's guess of the final eval + save + plot until one is timed: a warm eval batch timed now, scaled
+    to the eval, plus the checkpoint's write (not a share of a step's time: that differs between CPUs)."""
+    cfg = run.cfg
     eval_batch = cfg.eval_batch_size or cfg.batch_size
     for _ in range(2):
         t0 = time.perf_counter()
         probe_loss(run)
     val_tokens = min(run.data.manifest["val_tokens"], cfg.eval_iters * eval_batch * cfg.block_size or math.inf)
     evaluating = (time.perf_counter() - t0) * 2 * math.ceil(val_tokens / (eval_batch * cfg.block_size))  # val, train
-    saving = SAVE_FIXED_S + CKPT_BYTES_PER_WEIGHT_BYTE * sum(p.numel() * p.element_size() for p in model.parameters()) \
-        / DISK_BYTES_PER_S
+    # the weights and AdamW's two moments at a slow disk's 200 MB/s, plus 0.2 s to pickle and fsync
+    saving = 0.2 + 3 * sum(p.numel() * p.element_size() for p in run.model.parameters()) / 200e6
     return lambda step_seconds: evaluating + saving + (run.log.plot_cost if run.log else 0.0)
 
 
@@ -345,9 +315,8 @@ def announce(run: Run, resumed: bool) -> None:
 
 
 def say_if_long(run: Run) -> None:
-    """Before a CPU run that would take over an hour, say so, with its time here and what to run instead
-    (shakespeare_gpu on a CPU would take a day). One forward and backward pass of a micro-batch is timed,
-    in eval mode (dropout draws no random numbers) and its gradients dropped: the run is the same as without it."""
+    """Before a CPU run that would take over an hour, say so and what to run instead. The timed micro-batch runs
+    in eval mode (no random draws) and its gradients are dropped, so the run is the same as without it."""
     cfg, rt = run.cfg, run.rt
     x = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
     run.model.eval()
@@ -364,23 +333,21 @@ def say_if_long(run: Run) -> None:
 
 
 class TrainingDiverged(UserError):
-    """The loss or the weights became nan/inf; carries the user-facing advice."""
+    """The loss or the weights became nan/inf: the message names the last good checkpoint and what to try."""
 
-
-def diverged(run: Run, what: str) -> TrainingDiverged:
-    path = run.run_dir / CKPT_NAME
-    kept = f"the last good checkpoint is {path} (step {run.saved_at})" if run.saved_at else "this run saved no checkpoint"
-    return TrainingDiverged(f"{what}; stopped without saving, {kept}; try a lower --lr, --grad-clip 1.0 or "
-                            "--dtype float32")
+    def __init__(self, run: Run, what: str) -> None:
+        kept = f"the last good checkpoint is {run.run_dir / CKPT_NAME} (step {run.saved_at})" if run.saved_at \
+            else "this run saved no checkpoint"
+        super().__init__(f"{what}; stopped without saving, {kept}; try a lower --lr, --grad-clip 1.0 or "
+                         "--dtype float32")
 
 
 def save(run: Run) -> None:
-    """Write ckpt.pt, never from weights that blew up (a stop can land right after such an update, which
-    leaves them finite but huge): they would replace the last good checkpoint."""
-    # this step's eval found its loss finite (the checkpoint step saves after it); a save before one must look
+    """Write ckpt.pt, never from weights that blew up: a stop right after such an update leaves them finite but
+    huge, and they would replace the last good checkpoint."""
     loss = run.losses["val_loss"] if run.losses else probe_loss(run)
     if not (math.isfinite(loss) and torch.stack([p.isfinite().all() for p in run.model.parameters()]).all()):
-        raise diverged(run, f"the weights diverged at step {run.step} (loss {loss} on a val batch)")
+        raise TrainingDiverged(run, f"the weights diverged at step {run.step} (loss {loss} on a val batch)")
     save_checkpoint(run.run_dir, {
         "model": run.model.state_dict(), "model_config": asdict(run.model.config),
         "train_config": run.cfg.to_dict(), "optimizer": run.optimizer.state_dict(),
@@ -395,20 +362,9 @@ LOCK_NAME = ".lock"
 RUN_FILES = (CKPT_NAME, BEST_NAME, "config.json", "manifest.json", "metrics.jsonl", "loss.png")  # and "wandb"
 
 
-def _remove_if_unused(created: list[Path]) -> None:
-    """A run that failed before writing anything leaves nothing: lock_run_dir's lock file and folders go."""
-    with contextlib.suppress(OSError):  # a folder that is not empty holds something else; no cleanup hides the error
-        if created and os.listdir(created[0].parent) == [LOCK_NAME]:
-            for path in created:  # the lock file, then folders, innermost first
-                path.rmdir() if path.is_dir() else path.unlink()
-
-
 def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitStack:
-    """Create run_dir and lock it for this process: a second run on it fails at once instead of
-    mixing its files with ours. Keep the returned lock open for the run; closing it releases the
-    lock, and so does the process ending in any way (flock locks die with their process, so a
-    kill -9 leaves no stale lock). Temp files left by killed saves are removed here; a `with` block
-    that fails before the run wrote anything removes what this call created."""
+    """Create run_dir and lock it while the returned stack is open, so a second run on it fails at once; flock
+    locks die with their process (no stale lock after kill -9). A failing `with` block removes what it created."""
     import fcntl
 
     run_dir = Path(run_dir)
@@ -424,42 +380,44 @@ def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitSta
     lock.truncate(0)
     lock.write(f"{os.getpid()}\n")
     lock.flush()
-    # Every writer of this directory holds the lock, so these temp files' writers are dead.
-    stale = [p for name in RUN_FILES for p in run_dir.glob(f".{name}.*.tmp") if p.is_file()]  # atomic_write's
+    # atomic_write's temp files: every writer holds the lock, so theirs are dead
+    stale = [p for name in RUN_FILES for p in run_dir.glob(f".{name}.*.tmp") if p.is_file()]
     for p in stale:
         p.unlink(missing_ok=True)
     if stale:
         print(f"note: removed {len(stale)} temp file(s) of interrupted saves from {run_dir}")
+
+    def remove_if_unused(failed: type | None, *_: Any) -> None:  # a run that failed before writing leaves nothing
+        with contextlib.suppress(OSError):  # a folder that is not empty holds something else
+            if failed is not None and created and os.listdir(created[0].parent) == [LOCK_NAME]:
+                for path in created:  # the lock file, then folders, innermost first
+                    path.rmdir() if path.is_dir() else path.unlink()
+
     held = contextlib.ExitStack()
     held.enter_context(lock)
-    held.push(lambda failed, *_: failed is not None and _remove_if_unused(created))  # falsy: the error goes on
+    held.push(remove_if_unused)  # returns None: the error goes on
     return held
 
 
 def _usable_out_dir(run_dir: Path, fresh: bool) -> tuple[list[Path], Any]:
-    """Create run_dir if need be and open its lock file; returns what was created, and the lock file.
-    A fresh run refuses a folder holding files no run wrote (hidden ones aside): it would overwrite
-    someone's config.json or model. A run's folder is known by its lock file, which every run creates
-    before it writes anything else."""
+    """Create run_dir and open its lock file; returns what was created, and the lock file. A fresh run refuses a
+    folder with files no run wrote (a run's folder has its lock file): it would overwrite someone's files."""
     try:
         if is_dataset(run_dir):  # its next rebuild would replace the run
             raise UserError(f"--out-dir {run_dir} holds a prepared dataset; pick another --out-dir")
         created = [p for p in (run_dir / LOCK_NAME, run_dir, *run_dir.parents) if not p.exists()]
         run_dir.mkdir(parents=True, exist_ok=True)
         held = sorted(os.listdir(run_dir))
-        links = [name for name in held if (run_dir / name).is_symlink()]
+        if links := [name for name in held if (run_dir / name).is_symlink()]:  # would write outside the run dir
+            raise UserError(f"{run_dir} holds symbolic links ({', '.join(links)}); a run writes only inside its out "
+                            "dir: remove them or pick another --out-dir")
         ours = LOCK_NAME in held
-        foreign = [name for name in held if fresh and not (ours and name in (*RUN_FILES, "wandb")) and name[0] != "."
-                   and not name.endswith(".log")]  # `| tee out/x/train.log` creates its file first
-        lock = None if links or foreign else open(run_dir / LOCK_NAME, "a+")
+        if foreign := [name for name in held if fresh and not (ours and name in (*RUN_FILES, "wandb"))
+                       and name[0] != "." and not name.endswith(".log")]:  # `| tee out/x/train.log` comes first
+            foreign.sort(key=lambda name: name in RUN_FILES)  # the telling names first
+            raise UserError(f"--out-dir {run_dir} holds files no run of this project wrote ({', '.join(foreign[:3])}"
+                            f"{', ...' * (len(foreign) > 3)}); pick another --out-dir")
+        return created, open(run_dir / LOCK_NAME, "a+")
     except OSError as e:
         what = "is a file, not a directory" if os.path.isfile(run_dir) else f"cannot be written ({e.strerror}: {e.filename})"
         raise UserError(f"--out-dir {run_dir} {what}; pick another --out-dir") from None
-    if links:  # writing through them would change files outside the run dir
-        raise UserError(f"{run_dir} holds symbolic links ({', '.join(links)}); a run writes only inside its out "
-                        "dir: remove them or pick another --out-dir")
-    if foreign:
-        foreign.sort(key=lambda name: name in RUN_FILES)  # the telling names first
-        raise UserError(f"--out-dir {run_dir} holds files no run of this project wrote ({', '.join(foreign[:3])}"
-                        f"{', ...' * (len(foreign) > 3)}); pick another --out-dir")
-    return created, lock

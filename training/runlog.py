@@ -18,13 +18,6 @@ if TYPE_CHECKING:
     from training.reference import Reference
 
 
-def _wandb_has_key(wandb: Any) -> bool:
-    try:
-        return bool(os.environ.get("WANDB_API_KEY") or wandb.login(prompt=False, verify=False))
-    except Exception:  # older wandb without prompt=, or a broken settings file: treat as no key
-        return False
-
-
 def _reason(e: Exception) -> str:
     """wandb's error in a line: a settings error (pydantic's, for a misspelt WANDB_MODE) holds it in errors()."""
     details = e.errors() if callable(getattr(e, "errors", None)) else []
@@ -32,14 +25,12 @@ def _reason(e: Exception) -> str:
 
 
 class RunLog:
-    """One run's metrics.jsonl, loss.png and wandb run. On resume, lines past the checkpoint's step
-    are dropped (the run redoes those steps) and wandb gets exactly the steps it lacks; with a
-    matching reference, loss.png draws its band under the curves."""
+    """One run's metrics.jsonl, loss.png and wandb run. On resume, lines past the checkpoint's step are dropped
+    (the run redoes those steps) and wandb gets exactly the steps it lacks."""
 
     def __init__(self, out_dir: Path, started: float, resume_step: int | None = None,
                  reference: Reference | None = None) -> None:
-        self.out_dir, self.started = Path(out_dir), started  # started: time.time() at the run's start
-        self.reference = reference
+        self.out_dir, self.started, self.reference = Path(out_dir), started, reference  # started: a time.time()
         self.path = self.out_dir / "metrics.jsonl"
         self.records: list[dict[str, Any]] = []
         if resume_step is not None and self.path.exists():
@@ -52,8 +43,7 @@ class RunLog:
             with write_errors(self.path), open(self.path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in self.records)
         self.wandb: Any = None
-        self.wandb_from = 0  # the first step the wandb run lacks
-        self.plotted_at, self.plot_cost = 0.0, 0.5
+        self.wandb_from, self.plotted_at, self.plot_cost = 0, 0.0, 0.5  # wandb_from: the first step wandb lacks
         self.samples: list[list[Any]] = []
 
     def start_wandb(self, project: str, name: str, config: dict[str, Any], run_id: str | None) -> str:
@@ -63,7 +53,9 @@ class RunLog:
         except ImportError:
             raise UserError("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
         # None: wandb's own choice (WANDB_MODE, its settings, else online); offline needs no account
-        mode = None if "WANDB_MODE" in os.environ or _wandb_has_key(wandb) else "offline"
+        mode = None if "WANDB_MODE" in os.environ or os.environ.get("WANDB_API_KEY") else "offline"
+        with contextlib.suppress(Exception):  # an older wandb without prompt=, or a broken settings file: no key
+            mode = mode and (None if wandb.login(prompt=False, verify=False) else mode)
         try:  # before the run writes a file or trains a step: a run the user asked to track is tracked or not started
             self.wandb = wandb.init(project=project or os.environ.get("WANDB_PROJECT") or "gpt", name=name,
                                     config=config, dir=None if os.environ.get("WANDB_DIR") else str(self.out_dir),
@@ -103,8 +95,7 @@ class RunLog:
 
     @contextlib.contextmanager
     def _wandb_may_fail(self) -> Iterator[None]:
-        """wandb failing mid-run (its staging folder unwritable, its service gone) is a note, and the run
-        goes on without it: metrics.jsonl holds every record, and hours of training outweigh a dashboard."""
+        """wandb failing mid-run is a note and the run goes on without it: metrics.jsonl holds every record."""
         try:
             yield
         except Exception as e:
@@ -113,8 +104,7 @@ class RunLog:
             self.wandb = None
 
     def plot(self, force: bool = True) -> None:
-        """Train and val loss against step in loss.png (a note without matplotlib).
-        force=False redraws at most every 30 s: a redraw is not free on a small CPU."""
+        """Train and val loss against step in loss.png; force=False redraws at most every 30 s (not free on a CPU)."""
         if not force and time.time() - self.plotted_at < 30:
             return
         self.plotted_at = time.time()
@@ -162,7 +152,7 @@ class RunLog:
         return [p[0] for p in pts], [p[1] for p in pts]
 
     def close(self, exit_code: int = 0) -> None:
-        """exit_code != 0 marks the wandb run as failed (a crash, a divergence, an interruption)."""
+        """exit_code != 0 marks the wandb run as failed."""
         if self.wandb is not None:
             with self._wandb_may_fail():
                 self.wandb.finish(exit_code=exit_code)
