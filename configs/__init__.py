@@ -30,8 +30,7 @@ from .model import BOUNDS, GPTConfig
 
 
 def _field(default: Any, help: str, section: str = "", check: Number | None = None) -> Any:
-    """A TrainConfig field with its --help line; `section` starts a new group in --help; a number's
-    `check` (default: GPTConfig's for a model field, else >= 0) holds for its flag, config files and code."""
+    """A TrainConfig field with its --help line, the --help group it starts, and its check (default: >= 0)."""
     return field(default=default, metadata={"help": help, "section": section, "check": check})
 
 
@@ -56,8 +55,7 @@ class TrainConfig:
     bias: bool = _field(True, "biases in Linear layers and norms, as GPT-2 has")
     pos_emb: Literal["learned", "rope"] = _field("learned", "learned absolute positions (GPT-2) or rotary")
     norm: Literal["layernorm", "rmsnorm"] = _field("layernorm", "LayerNorm (GPT-2) or RMSNorm")
-    activation: Literal["gelu", "gelu_exact", "relu2"] = _field("gelu", "GPT-2's tanh GELU, the exact (erf) GELU, "
-                                                                  "or relu(x)^2")
+    activation: Literal["gelu", "gelu_exact", "relu2"] = _field("gelu", "GPT-2's tanh GELU, exact GELU or relu(x)^2")
     qk_norm: bool = _field(False, "normalise queries and keys per head before their dot product")
     tie_weights: bool = _field(True, "lm_head shares its weight with the token embedding")
     attention: Literal["sdpa", "explicit"] = _field("sdpa", "F.scaled_dot_product_attention or the spelled-out "
@@ -72,8 +70,7 @@ class TrainConfig:
     lr_schedule: Literal["cosine", "wsd", "constant"] = _field("cosine", "after warmup: half a cosine to min_lr; "
                                                                "warmup-stable-decay; or constant")
     lr_decay_iters: int = _field(0, "where the schedule reaches min_lr; 0 = max_iters")
-    decay_frac: float = _field(0.2, "wsd: the final fraction of the run spent decaying",
-                               check=number(0, 1, lo_open=True))
+    decay_frac: float = _field(0.2, "wsd: the final fraction of the run decaying", check=number(0, 1, lo_open=True))
     weight_decay: float = _field(0.1, "AdamW weight decay of matrices (not of biases and norms)")
     optimizer: Literal["adamw", "muon"] = _field("adamw", "muon: Muon for the block matrices, AdamW for the rest")
     muon_lr: float = _field(0.02, "Muon's peak learning rate")
@@ -128,9 +125,8 @@ class TrainConfig:
                             f"make a folder named ~ here; write $HOME instead, or ./~ to mean that folder")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
-        """The network this config describes: the fields GPTConfig shares; vocab_size 0 takes the argument."""
-        shared = {k: getattr(self, k) for k in MODEL_FIELDS}
-        return GPTConfig(**shared | {"vocab_size": self.vocab_size or vocab_size})
+        """The network this config describes; vocab_size 0 takes the argument."""
+        return GPTConfig(**{k: getattr(self, k) for k in MODEL_FIELDS} | {"vocab_size": self.vocab_size or vocab_size})
 
     def accumulation(self, processes: int) -> int:
         """Micro-steps per optimizer step: tokens_per_step over batch_size x block_size x processes."""
@@ -164,9 +160,9 @@ def micro_batch(value: Any) -> int:
 
 
 # Fields that act only beside another field's values; typed without them they would do nothing, so are refused.
-ONLY_WITH = dict.fromkeys(("muon_lr", "muon_momentum"), ("optimizer", ("muon",))) | {"decay_frac": ("lr_schedule", ("wsd",))} \
+ONLY_WITH = dict.fromkeys(("muon_lr", "muon_momentum"), ("optimizer", ("muon",))) \
     | dict.fromkeys(("min_lr", "lr_decay_iters"), ("lr_schedule", ("cosine", "wsd"))) \
-    | dict.fromkeys(("wandb_project", "wandb_run_name"), ("wandb", (True,)))
+    | dict.fromkeys(("wandb_project", "wandb_run_name"), ("wandb", (True,))) | {"decay_frac": ("lr_schedule", ("wsd",))}
 
 
 def check_typed(cfg: TrainConfig, typed: Iterable[str]) -> None:
@@ -201,34 +197,35 @@ def available_configs() -> list[str]:
 def named_config(name: str) -> TrainConfig:
     names = available_configs()
     if name not in names:
-        hint = closest(name, names)
-        raise UserError(f"unknown config {name!r}; " + (f"did you mean {hint!r}? " if hint else "")
-                        + f"choose one of {', '.join(names)}, a .toml file or a run directory")
+        raise UserError(f"unknown config {name!r}; {_did_you_mean(name, names)}choose one of {', '.join(names)}, "
+                        "a .toml file or a run directory")
     cfg = getattr(importlib.import_module(f"configs.{name}"), "CONFIG", None)
     if not isinstance(cfg, TrainConfig):  # a broken preset is a bug, not a user error
         raise TypeError(f"configs/{name}.py must define CONFIG = replace(BASE, ...)")
     return replace(cfg, name=name)
 
 
-def config_file_keys(path: Path) -> set[str]:
-    import tomllib  # here, not at the top: Python < 3.11 can still run the named configs
+def read_config_file(path: Path) -> Any:
+    """A .json or TOML file's contents; a file that cannot be read or parsed is a UserError."""
+    try:
+        if path.suffix == ".json":
+            return json.loads(path.read_text())
+        import tomllib  # here, not at the top: Python < 3.11 can still run the named configs
 
-    return set(tomllib.loads(path.read_text()))
+        return tomllib.loads(path.read_text())
+    except (OSError, ValueError) as e:  # JSON and TOML syntax errors are ValueErrors
+        raise UserError(f"cannot read config file {path}: {e}") from None
+
+
+def _did_you_mean(word: str, options: Sequence[str]) -> str:
+    return f"did you mean {hint!r}? " if (hint := closest(word, options)) else ""
 
 
 def config_file(path: Path) -> TrainConfig:
     """A TOML file of field values (base = "<preset>" to start from one, else from BASE), or a
     run's config.json (written by train.py as cfg.to_dict()); a run directory means its config.json."""
     path = path / "config.json" if path.is_dir() else path
-    try:
-        if path.suffix == ".json":
-            data = json.loads(path.read_text())
-        else:
-            import tomllib  # here, not at the top: Python < 3.11 can still run the named configs
-
-            data = tomllib.loads(path.read_text())
-    except (OSError, ValueError) as e:  # JSON and TOML syntax errors are ValueErrors
-        raise UserError(f"cannot read config file {path}: {e}") from None
+    data = read_config_file(path)
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected an object of TrainConfig fields, got {type(data).__name__}")
     if path.suffix == ".json":  # a run's settings, not its place: training again must not write into it
@@ -241,9 +238,8 @@ def config_file(path: Path) -> TrainConfig:
     values = {}
     for key, value in data.items():
         if key not in FIELDS:
-            hint = closest(key, FIELDS)
-            raise UserError(f"{path}: unknown key {key!r}; " + (f"did you mean {hint!r}? " if hint else "")
-                            + "the keys are TrainConfig's fields (train.py --help)")
+            raise UserError(f"{path}: unknown key {key!r}; {_did_you_mean(key, FIELDS)}the keys are TrainConfig's "
+                            "fields (train.py --help)")
         try:
             values[key] = _CHECKS[key](value)
         except ArgumentTypeError as e:
@@ -253,8 +249,7 @@ def config_file(path: Path) -> TrainConfig:
 
 def run_named(config: str) -> Path | None:
     """The run directory a --config value names (the folder or its config.json; a preset first), else None."""
-    path = Path(config)
-    run = path.parent if path.name == "config.json" else path
+    run = Path(config).parent if Path(config).name == "config.json" else Path(config)
     return run if config not in available_configs() and (run / "config.json").is_file() else None
 
 
@@ -277,8 +272,7 @@ def resolve_config(config: str) -> TrainConfig:
 
 
 def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig) -> None:
-    """--config (default: `config`, the one selected) and one option per TrainConfig field, in
-    --help sections, with defaults from `base`, the config it selected."""
+    """--config (default: `config`) and one option per TrainConfig field, defaulting to `base`'s value."""
     group = parser.add_argument_group("config")
     group.add_argument("--config", default=config, metavar="NAME|FILE|RUN_DIR",
                        help=f"a preset ({', '.join(available_configs())}), a .toml file of fields "
@@ -291,15 +285,12 @@ def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig)
 
 
 def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> tuple[TrainConfig, Namespace]:
-    """Parse `argv` as train.py does: `--config` picks the starting config (its values become the
-    defaults --help shows), every field is a flag, and `parser`'s own (script-level) flags come
-    back in the namespace beside `config`. --resume takes what is not typed from the run's config.json."""
+    """Parse `argv` as train.py does: `--config` picks the starting config (and --help's defaults), every field
+    is a flag, and `parser`'s own flags come back in the namespace; --resume takes the rest from the run's config."""
     argv = sys.argv[1:] if argv is None else list(argv)
     first = ArgumentParser(add_help=False)
     first.add_argument("--config", default="small")
-    config = first.parse_known_args(argv)[0].config
-    base = resolve_config(config)
-    add_config_arguments(parser, config, base)
+    add_config_arguments(parser, config := first.parse_known_args(argv)[0].config, base := resolve_config(config))
     untyped = object()  # argparse sets a default only where the namespace has no value yet
     args = vars(parser.parse_args(argv, Namespace(**dict.fromkeys(FIELDS, untyped))))
     typed = {k: v for k in FIELDS if (v := args.pop(k)) is not untyped}
@@ -312,7 +303,7 @@ def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> t
     check_typed(cfg, typed)
     if Path(config).suffix == ".toml":  # its fields were set by hand as well
         try:
-            check_typed(cfg, config_file_keys(Path(config)) - set(typed))
+            check_typed(cfg, set(read_config_file(Path(config))) - set(typed))
         except UserError as e:
             raise UserError(f"{config}: {e}") from None
     return cfg, Namespace(**args)

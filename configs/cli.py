@@ -7,9 +7,9 @@
     args = parser.parse_args(argv)
 
 Every `--top-k` is also `--top_k` (nanoGPT habits work); booleans are `--force`, `--no-force`, `--force=false`
-or `--force false`, so a word right after a boolean flag is its value; --help shows the script's docstring
-as written and every default; bad input is one UserError line with a "did you mean"; prefixes are refused
-(`--max-iter` must not quietly set --max-iters). One private name is kept; ArgumentParser says which and why.
+or `--force false` (a word after a boolean flag is its value only if it is true/false/1/0/yes/no/on/off);
+--help shows the script's docstring as written and every default; bad input is one UserError line with a
+"did you mean"; prefixes are refused (`--max-iter` must not quietly set --max-iters).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import difflib
 import math
 import re
+import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Literal, NoReturn, get_args, get_origin
@@ -31,14 +32,12 @@ ALIASES = {"gpu": "cuda", "fp32": "float32", "bf16": "bfloat16", "fp16": "float1
 
 def closest(word: str, options: Sequence[str]) -> str | None:
     """The option a typo most likely meant, or None."""
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return close[0] if close else None
+    return next(iter(difflib.get_close_matches(word, options, n=1, cutoff=0.6)), None)
 
 
 class Number:
-    """An int or float from text or a TOML/JSON value, finite (1e4 and 2_000 are fine; 2.5 for an int, true, nan
-    are not) and from lo to hi, both ends included unless open; a refusal quotes the range (or `expects`):
-    integer(lo=1) is >= 1, number(0, 1, hi_open=True) is [0, 1)."""
+    """An int or float from text or a TOML/JSON value, finite and from lo to hi (ends included unless open).
+    integer(lo=1) is >= 1, number(0, 1, hi_open=True) is [0, 1); 1e4 and 2_000 are fine, 2.5 for an int is not."""
 
     def __init__(self, kind: type, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False,
                  hi_open: bool = False, expects: str = "") -> None:
@@ -62,13 +61,13 @@ class Number:
             raise argparse.ArgumentTypeError(f"expects {self.noun}, got {value!r}") from None
         if self.kind is int and self.hi == math.inf and abs(x) >= 2**31:  # torch's sizes and counts are C ints
             raise argparse.ArgumentTypeError(f"expects {self.noun} below 2**31, got {value!r}")
-        if not self.holds(x):  # inf and nan too: no option means them (max_time 0 is none)
-            expects = self.expects if math.isfinite(x) else "a finite number"
+        if not self.holds(x):
+            expects = self.expects if math.isfinite(x) else "a finite number"  # no option means inf or nan
             raise argparse.ArgumentTypeError(f"expects {expects}, got {value!r}")
         return x
 
 
-integer, number = partial(Number, int), partial(Number, float)  # integer(lo=1), number(0, 1, hi_open=True)
+integer, number = partial(Number, int), partial(Number, float)
 seed = Number(int, 0, 2**32, hi_open=True, expects="a seed from 0 to 2**32 - 1 (torch keeps 32 bits)")  # 2**32 is 0
 
 
@@ -93,15 +92,14 @@ class Choice:
 
 
 def text(value: Any) -> str:
-    """A string field's check: a TOML/JSON value must be text already (str() would make [1] a folder name)."""
+    """A string field's check: str() would make a TOML/JSON [1] a folder name."""
     if isinstance(value, str):
         return value
     raise argparse.ArgumentTypeError(f"expects text, got {value!r}")
 
 
 def converter(annotation: Any, lo: float = -math.inf) -> Callable[[Any], Any]:
-    """Checks and converts a command-line string or a TOML/JSON value to `annotation` (a number: at least lo);
-    raises ArgumentTypeError."""
+    """Checks and converts a command-line string or a TOML/JSON value to `annotation` (a number: at least lo)."""
     if get_origin(annotation) is Literal:
         return Choice(get_args(annotation))
     return {int: integer(lo), float: number(lo), bool: boolean, str: text}[annotation]
@@ -115,8 +113,8 @@ def argument(annotation: Any, check: Callable[[Any], Any] | None = None) -> dict
 
 
 class Store(argparse.Action):
-    """What add_argument makes of an argument that takes a value, as argparse's "store" does; an option also
-    gets nanoGPT's spelling (`--max_iters` beside `--max-iters`), its type's metavar (INT) and its default in --help."""
+    """argparse's "store", but an option also gets nanoGPT's spelling (`--max_iters`), its type's metavar
+    (INT) and its default in --help."""
 
     def __init__(self, option_strings: list[str], dest: str, default: Any = None, type: Any = None,
                  metavar: Any = None, help: str | None = None, **kwargs: Any) -> None:
@@ -127,33 +125,28 @@ class Store(argparse.Action):
         super().__init__([*option_strings, *(s for s in twins if s not in option_strings)], dest, default=default,
                          type=type, metavar=metavar or getattr(type, "metavar", None), help=help, **kwargs)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(self, parser: Any, namespace: argparse.Namespace, value: Any, option_string: Any = None) -> None:
         setattr(namespace, self.dest, value)
 
 
 class Append(Store):
-    """argparse's "append" with Store's habits: each use adds one value to the list."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(self, parser: Any, namespace: argparse.Namespace, value: Any, option_string: Any = None) -> None:
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), value])
 
 
 class Flag(Store):
-    """A boolean option: `--x` is true, `--no-x` false, `--x VALUE` / `--x=VALUE` says which."""
+    """A boolean option: `--x` is true, `--no-x` false, `--x=VALUE` or `--x true` says which."""
 
     def __init__(self, option_strings: list[str], dest: str, default: bool = False, **kwargs: Any) -> None:
         negated = [f"--no-{s[2:]}" for s in option_strings if s.startswith("--")]
         super().__init__([*option_strings, *negated], dest, nargs="?", type=boolean, default=default,
                          metavar="BOOL", **kwargs)
+        self.negated = {s for s in self.option_strings if s.startswith(("--no-", "--no_"))} - set(option_strings)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
-                 option_string: str | None = None) -> None:
-        negated = option_string is not None and option_string.startswith("--no-")
-        if negated and value is not None:
+    def __call__(self, parser: Any, namespace: argparse.Namespace, value: Any, option_string: Any = None) -> None:
+        if option_string in self.negated and value is not None:
             raise argparse.ArgumentError(None, f"{option_string} takes no value")
-        setattr(namespace, self.dest, not negated if value is None else value)
+        setattr(namespace, self.dest, option_string not in self.negated if value is None else value)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -163,19 +156,31 @@ class ArgumentParser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, allow_abbrev=False, **kwargs)
         self.options = ["--help"] if self.add_help else []  # the long options an unknown one is matched against
-        # add_argument looks an action up in this registry, which argument groups share, so every option
-        # of this parser and its groups is made by these
+        self.flags: dict[str, Flag] = {}
+        # add_argument looks an action up in this registry, which argument groups share
         for name, action in ((None, Store), ("store", Store), ("append", Append), (Flag, Flag)):
             self.register("action", name, partial(self.noted, action))
-        # Private, and the one private name here: argparse takes `-1e-3`, `-inf` and `-nan` for options (its
-        # pattern knows only -1 and -.5), so `--lr -1e-3` would be "expected one argument" instead of a range.
+        # The one private name here: argparse's own pattern takes `-1e-3`, `-inf` and `-nan` for options, so
+        # `--lr -1e-3` would be "expected one argument" instead of a range.
         self._negative_number_matcher = re.compile(r"^-(\.?\d|inf|nan)", re.I)
 
     def noted(self, action: type[argparse.Action], **kwargs: Any) -> argparse.Action:
         """Makes the action and notes its long options (not the nanoGPT spellings) for "did you mean"."""
         made = action(**kwargs)
         self.options += [s for s in made.option_strings if s.startswith("--") and "_" not in s]
+        self.flags |= dict.fromkeys(made.option_strings, made) if isinstance(made, Flag) else {}
         return made
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        """A bare boolean flag before a word that is not true/false is written `--x=true` (`--no-x`: `--x=false`),
+        as argparse would take the word (`--force shakespeare_char`) for the flag's value."""
+        args = list(sys.argv[1:] if args is None else args)
+        end = args.index("--") if "--" in args else len(args)
+        for i, (arg, after) in enumerate(zip(args[:end], [*args[1:end], "--"])):
+            if (flag := self.flags.get(arg)) and after.lower() not in TRUE + FALSE:
+                args[i] = f"{flag.option_strings[0]}={str(arg not in flag.negated).lower()}"
+        return super().parse_known_args(args, namespace)
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
