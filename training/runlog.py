@@ -19,9 +19,12 @@ if TYPE_CHECKING:
 
 
 def _reason(e: Exception) -> str:
-    """wandb's error in a line: a settings error (pydantic's, for a misspelt WANDB_MODE) holds it in errors()."""
-    details = e.errors() if callable(getattr(e, "errors", None)) else []
-    return "; ".join(f"{d['loc'][0]}={d['input']!r}: {d['msg']}" for d in details) or first_line(e)
+    """wandb's error in a line: a settings error (pydantic's, for a misspelt WANDB_MODE) holds it in errors(),
+    whose text only counts them; any other error's first line says it."""
+    try:
+        return "; ".join(f"{d['loc'][0]}={d['input']!r}: {d['msg']}" for d in e.errors()) or first_line(e)
+    except Exception:  # no errors(), or not pydantic's shape: this is only the message of another failure
+        return first_line(e)
 
 
 class RunLog:
@@ -114,7 +117,7 @@ class RunLog:
         except Exception as e:  # a full disk, a bad MPLBACKEND, a name its fonts cannot show: not worth a run
             if not failing:
                 print(f"note: {e}" if isinstance(e, UserError) else "note: loss.png not drawn: matplotlib failed "
-                      f"({first_line(e, 100)}...); check its settings (MPLBACKEND, matplotlibrc)", file=sys.stderr)
+                      f"({first_line(e, 100)}); check its settings (MPLBACKEND, matplotlibrc)", file=sys.stderr)
         finally:
             self.plot_cost = time.time() - self.plotted_at  # for max_time's reserve
 

@@ -203,10 +203,14 @@ def attention_kernel(cfg: Any, rt: Runtime) -> str:
     return f"SDPA {torch.nn.attention.SDPBackend(choice).name.lower().removesuffix('_attention')}"
 
 
+def usable_cpus() -> set[int]:
+    """The CPUs this process may run on (taskset and cgroups can allow fewer than the machine has)."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
 def set_threads(threads: int) -> None:
     """--threads: torch's CPU threads, 0 = its default; more than the cores only thrash (or exhaust memory)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # taskset's
-    if threads > cores:
+    if threads > (cores := len(usable_cpus())):
         raise UserError(f"--threads {threads}: this process may use {cores} core{'s' * (cores > 1)}; use at most {cores} "
                         "(0 = torch's default)")
     if threads:
@@ -235,7 +239,7 @@ class CpuThreads:
     def __init__(self, requested: int = 0, fixed: bool = False, read: Any = cpu_times,
                  clock: Any = time.monotonic) -> None:
         self.most, self.read, self.clock = torch.get_num_threads(), read, clock  # most: torch's default or as asked
-        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+        self.cpus = usable_cpus()
         self.fixed = fixed or bool(requested) or "OMP_NUM_THREADS" in os.environ or self.most == 1
         try:
             self.last = None if self.fixed else (clock(), *read(self.cpus))  # (when, busy, own)
