@@ -20,6 +20,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import field
 from functools import partial
 from typing import Any, Literal, NoReturn, get_args, get_origin
 
@@ -69,6 +70,11 @@ class Number:
 
 integer, number = partial(Number, int), partial(Number, float)
 seed = Number(int, 0, 2**32, hi_open=True, expects="a seed from 0 to 2**32 - 1 (torch keeps 32 bits)")  # 2**32 is 0
+
+
+def setting(default: Any, help: str, section: str = "", check: Number | None = None) -> Any:
+    """A config field with its --help line, the --help group it starts, and its check (default: by its type, >= 0)."""
+    return field(default=default, metadata={"help": help, "section": section, "check": check})
 
 
 def boolean(value: Any) -> bool:

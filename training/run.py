@@ -8,15 +8,16 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from configs import MODEL_FIELDS, TrainConfig
+from configs import TrainConfig
 from configs.errors import UserError
+from configs.model import GPTConfig
 from data.files import is_dataset, write_json
 from data.loader import GlobalBatchLoader, eval_batches
 from data.manifest import VOCABULARY, differences, read_dataset_manifest
@@ -34,18 +35,19 @@ from training.runlog import RunLog
 from training.budget import exit_code
 from training.runtime import Runtime, attention_kernel, capture_rng_state, restore_rng_state, trainable
 
-# The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
-ARCH_FIELDS = tuple(k for k in MODEL_FIELDS if k not in ("dropout", "block_size"))
+# The architecture that loaded weights bring with them; dropout and block_size stay the run's.
+ARCH_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name not in ("dropout", "block_size"))
 RESUME_KEYS = ("model", "train_config", "optimizer", "scaler", "step", "loader", "rng", "best_val", "manifest")
 
 
 def build_model(cfg: TrainConfig, rt: Runtime, manifest: dict[str, Any], ckpt: dict | None) -> tuple[GPT, TrainConfig]:
-    """The GPT for this run on its device: the resumed checkpoint's, --init-from weights, or fresh from cfg.
-    Loaded weights bring their architecture into cfg (the difference is printed); dropout is always cfg's."""
+    """The GPT for this run on its device: the resumed checkpoint's, --init-from weights, or fresh from cfg,
+    and cfg with --batch-size auto resolved. Loaded weights keep their own architecture (where it differs from
+    cfg's, a note says so); dropout is always cfg's."""
     if not cfg.init_from:  # pretrained weights bring an architecture known only once loaded
         arch = {k: v for k, v in (ckpt or {}).get("model_config", {}).items() if k in ARCH_FIELDS}
         check_fits(replace(cfg, **arch), manifest["vocab_size"], rt)  # building allocates the masks
-    model, cfg = _weights(cfg, manifest, ckpt)
+    model = _weights(cfg, manifest, ckpt)
     if cfg.batch_size == 0:  # --batch-size auto: sized from free memory, before the weights move there
         cfg = auto_batch_size(cfg, model, rt)
     return model.to(rt.device), cfg
@@ -64,7 +66,7 @@ def build_optimizer(model: GPT, cfg: TrainConfig, rt: Runtime, ckpt: dict | None
     return optimizer
 
 
-def _weights(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> tuple[GPT, TrainConfig]:
+def _weights(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> GPT:
     vocab_size, trained_on = manifest["vocab_size"], ckpt and ckpt.get("manifest")
     if ckpt is not None:
         source: str | Path = cfg.run_dir / CKPT_NAME
@@ -89,11 +91,10 @@ def _weights(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> t
     if cfg.block_size > mc.block_size:
         raise UserError(f"block_size {cfg.block_size} exceeds the context of {source} ({mc.block_size}); "
                         f"pass --block-size {mc.block_size} or less")
-    built = replace(cfg, **{k: getattr(mc, k) for k in ARCH_FIELDS})
-    if changed := [f"{k}={getattr(built, k)}" for k in ARCH_FIELDS if getattr(cfg, k) != getattr(built, k)
+    if changed := [f"{k}={getattr(mc, k)}" for k in ARCH_FIELDS if getattr(cfg, k) != getattr(mc, k)
                    and not (k == "vocab_size" and cfg.vocab_size == 0)]:
         print(f"note: architecture taken from {source}: {' '.join(changed)}")
-    return model, built
+    return model
 
 
 def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
@@ -225,6 +226,8 @@ class Run:
     def __init__(self, cfg: TrainConfig, rt: Runtime, model: GPT, optimizer: torch.optim.Optimizer, data: Data,
                  ckpt: dict[str, Any] | None, started: float) -> None:
         self.cfg, self.rt, self.model, self.optimizer, self.data, self.started = cfg, rt, model, optimizer, data, started
+        # What config.json, the checkpoint and wandb record: cfg, with the architecture the weights have.
+        self.settings = cfg.to_dict() | {k: getattr(model.config, k) for k in ARCH_FIELDS}
         self.grad_accum, self.run_dir = cfg.accumulation(rt.world_size), cfg.run_dir
         self.tokens_per_step = self.grad_accum * cfg.batch_size * cfg.block_size * rt.world_size
         self.loader = GlobalBatchLoader(data.dir / "train.bin", cfg.block_size,
@@ -241,7 +244,7 @@ class Run:
         example = torch.zeros(2, cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
         self.train_model: torch.nn.Module | None = trainable(model, rt, tuple(example))  # compiled, DDP-wrapped
         self.log = RunLog(self.run_dir, started, resume_step=self.step if resumed else None,
-                          reference=Reference.matching(cfg.to_dict(), rt.world_size)) if rt.is_master else None
+                          reference=Reference.matching(self.settings, rt.world_size)) if rt.is_master else None
         if resumed:
             self.last_eval = next((r for r in (self.log.records if self.log else [])
                                    if r["step"] == self.step and "val_loss" in r), {"step": self.step})
@@ -301,10 +304,10 @@ def announce(run: Run, resumed: bool) -> None:
     """Start wandb, write config.json and manifest.json, print what runs where."""
     cfg, rt = run.cfg, run.rt
     if cfg.wandb:  # first: wandb that cannot start leaves no files behind
-        run.wandb_id = run.log.start_wandb(cfg.wandb_project, cfg.wandb_run_name or cfg.name, cfg.to_dict(),
+        run.wandb_id = run.log.start_wandb(cfg.wandb_project, cfg.wandb_run_name or cfg.name, run.settings,
                                            run.wandb_id)
     if not resumed:  # a resume's settings replace the run's with its first checkpoint (save): it may fail before
-        write_json(run.run_dir / "config.json", cfg.to_dict())
+        write_json(run.run_dir / "config.json", run.settings)
     write_json(run.run_dir / "manifest.json", run.data.manifest)
     print(f"config {cfg.name}: {cfg.summary()}")
     print(f"{run.model.num_params() / 1e6:.2f}M params | {run.tokens_per_step} tokens/step = "
@@ -350,11 +353,11 @@ def save(run: Run) -> None:
         raise TrainingDiverged(run, f"the weights diverged at step {run.step} (loss {loss} on a val batch)")
     save_checkpoint(run.run_dir, {
         "model": run.model.state_dict(), "model_config": asdict(run.model.config),
-        "train_config": run.cfg.to_dict(), "optimizer": run.optimizer.state_dict(),
+        "train_config": run.settings, "optimizer": run.optimizer.state_dict(),
         "scaler": run.rt.scaler.state_dict(), "step": run.step, "loader": run.loader.state_dict(),
         "rng": capture_rng_state(), "best_val": run.best_val, "wandb_id": run.wandb_id,
         "manifest": run.data.manifest})
-    write_json(run.run_dir / "config.json", run.cfg.to_dict())  # what --resume reads: the settings of this ckpt.pt
+    write_json(run.run_dir / "config.json", run.settings)  # what --resume reads: the settings of this ckpt.pt
     run.saved_at = run.step
 
 
