@@ -49,8 +49,7 @@ from training.runtime import Runtime, setup
 
 
 def forward_backward(train_model: torch.nn.Module, loader: GlobalBatchLoader, rt: Runtime) -> torch.Tensor:
-    """Accumulate gradients over this rank's micro-batches of the next step; returns its mean loss (a tensor).
-
+    """Accumulate gradients over this rank's micro-batches of the next step and return their mean loss.
     Under DDP only the last micro-step all-reduces the gradients (no_sync on the others)."""
     loss_sum = torch.zeros((), device=rt.device)
     batches = loader.next_step()
@@ -80,18 +79,18 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rt:
 
 
 def checkpoint(run: Run, stop: StopSignal, budget: TimeBudget | None = None, save_first: bool = False) -> None:
-    """The one checkpoint step, every eval_interval and at the end: evaluate, save ckpt.pt, keep it as
-    best.pt when val improved. On a stop signal the save comes first, so a short grace period still keeps
-    the work; a stop signal cuts the eval short (nothing of it is recorded, and it is not started again),
-    never a save. Only rank 0 evaluates and saves; a non-finite val loss stops every rank before any save."""
+    """The one checkpoint step, run every eval_interval and at the end: evaluate, save ckpt.pt, and keep it as
+    best.pt when val improved. After a stop signal the save comes first, so that a short grace period still keeps
+    the work. A stop signal can cut the eval short (it is then neither recorded nor started again), never a save.
+    Only rank 0 evaluates and saves; a non-finite val loss stops every rank before anything is saved."""
     t0, rt = time.time(), run.rt
     if save_first and rt.is_master:
         with stop.holding():
             save(run)
     if run.last_eval.get("step") == run.step:
         return
-    run.last_eval = {"step": run.step}  # tried; the losses join it below unless a stop signal cuts it short
-    # None if a stop signal cut it short; {} on the other ranks
+    run.last_eval = {"step": run.step}  # The losses join it below, unless a stop signal cuts the eval short.
+    # losses is None if a stop signal cut the eval short, and {} on the other ranks.
     losses = stop.cut_short(lambda: evaluate(run.model, run.data.dir, run.cfg, rt)) if rt.is_master else {}
     val = torch.tensor((losses or {}).get("val_loss", 0.0), device=rt.device)
     if rt.ddp:
@@ -103,12 +102,12 @@ def checkpoint(run: Run, stop: StopSignal, budget: TimeBudget | None = None, sav
     if rt.is_master:
         with stop.holding():
             record(run, losses, saved=save_first)
-    if budget is not None:  # the final one also draws loss.png
+    if budget is not None:  # The final checkpoint also draws loss.png, so its cost is timed with it.
         budget.record_final(time.time() - t0 + (run.log.plot_cost if run.log else 0.0))
 
 
 def record(run: Run, losses: dict[str, float], saved: bool) -> None:
-    """Rank 0 after an eval: save (and keep it as best.pt if val improved), log, plot, say so."""
+    """Rank 0 after an eval: save (kept as best.pt if val improved), then log, plot and print the losses."""
     improved = losses["val_loss"] < run.best_val
     run.best_val, run.last_eval = min(run.best_val, losses["val_loss"]), {"step": run.step, **losses}
     saving = run.step > 0 and run.saved_at != run.step
@@ -127,13 +126,13 @@ def record(run: Run, losses: dict[str, float], saved: bool) -> None:
 
 
 def schedule_progress(step: int, cfg: TrainConfig, budget: TimeBudget | None) -> float:
-    """Share of the lr schedule done: by steps, or by the clock under --max-time when further along."""
+    """The share of the lr schedule done, by steps or, under --max-time, by the clock if that is further along."""
     progress = (step - cfg.warmup_iters) / max(1, (cfg.lr_decay_iters or cfg.max_iters) - cfg.warmup_iters)
     return max(progress, budget.progress()) if budget is not None else progress
 
 
 def agree(rt: Runtime, loss: torch.Tensor, *flags: bool) -> tuple[float, ...]:
-    """One small all-reduce per step: the global mean loss, and each flag if any rank raised it."""
+    """One small all-reduce per step, for the global mean loss and for each flag that any rank raised."""
     values = torch.stack([loss.float(), *(torch.tensor(float(f), device=rt.device) for f in flags)])
     if rt.ddp:
         torch.distributed.all_reduce(values)
@@ -144,7 +143,7 @@ def agree(rt: Runtime, loss: torch.Tensor, *flags: bool) -> tuple[float, ...]:
 
 def log_progress(run: Run, window: list[tuple[float, float]], lr: float, grad_norm: torch.Tensor | None,
                  bar: Any) -> None:
-    """One metrics line (and progress-bar text) for the steps in window: (loss, seconds) each."""
+    """Log one metrics line, and show it on the progress bar, for the (loss, seconds) of each step in window."""
     tok_s = run.tokens_per_step * len(window) / sum(dt for _, dt in window)
     peak = run.rt.peak_flops * run.rt.world_size if run.rt.peak_flops else None
     mfu = run.model.flops_per_token(run.cfg.block_size) * tok_s / peak if peak else None
@@ -157,28 +156,28 @@ def log_progress(run: Run, window: list[tuple[float, float]], lr: float, grad_no
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run one training job described by cfg; returns final losses, paths and why it stopped."""
+    """Run the training job that cfg describes; return its final losses, its paths and why it stopped."""
     t_start = time.time()
     with setup(cfg) as rt:  # device, dtype, seeds, DDP; the process group ends with the block
         if rt.is_master:
-            print(rt.describe())  # what runs where: device, precision, kernels, compile (and why not)
+            print(rt.describe())  # The device, precision, kernels and compile mode, in one line.
         if cfg.eval_only:
             return eval_only(cfg, rt)
-        # Only rank 0 writes the run dir; its lock keeps a second run out.
+        # Only rank 0 writes the run directory, and its lock keeps a second run out.
         with torch_errors(cfg, rt), lock_run_dir(cfg.run_dir, fresh=not cfg.resume) if rt.is_master \
                 else contextlib.nullcontext(), StopSignal(escalate=not rt.ddp) as stop, rt.peer_failures(), \
                 open_data(cfg, rt) as data:
-            with rt.together():  # a mistake every process finds (a bad --tokens-per-step) is printed once
+            with rt.together():  # A mistake that every process finds (a bad --tokens-per-step) is printed once.
                 ckpt = resumed_checkpoint(cfg, rt, data)
                 model, cfg = build_model(cfg, rt, data.manifest, ckpt)
                 optimizer = build_optimizer(model, cfg, rt, ckpt)
-                run = Run(cfg, rt, model, optimizer, data, ckpt, t_start)  # resumed where ckpt stopped
+                run = Run(cfg, rt, model, optimizer, data, ckpt, t_start)  # On --resume, where ckpt stopped.
             with run:
                 try:
                     loop(run, stop)
-                except KeyboardInterrupt:  # a second Ctrl-C
+                except KeyboardInterrupt:  # A second Ctrl-C.
                     run.stopped = "quit"
-                stop.hold = True  # from here a second Ctrl-C only marks a quit: the plot and summary still run
+                stop.hold = True  # From here a second Ctrl-C only marks a quit, so the plot and summary still run.
             if stop.quit:
                 run.stopped = "quit"
             return finish(run, stop)
@@ -186,12 +185,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def torch_errors(cfg: TrainConfig, rt: Runtime) -> Iterator[None]:
-    """Out of memory, and a kernel --deterministic cannot have, are one line each."""
+    """Turn running out of memory, and an op with no deterministic kernel under --deterministic, into one line."""
     try:
         yield
-    except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
-        # torch's error for a kernel without a deterministic version is a plain RuntimeError: no type or
-        # attribute tells it apart or names the op, so its text is matched (the op is left unnamed, not parsed)
+    except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError.
+        # A missing deterministic kernel is a plain RuntimeError: no type or attribute tells it apart, so its
+        # text is matched. The op's name is not parsed out of it.
         if rt.deterministic and "does not have a deterministic implementation" in str(e):
             raise UserError(f"--deterministic: an op this run needs has no deterministic kernel on {rt.device}; drop "
                             "--deterministic (runs then repeat only approximately)") from None
@@ -208,13 +207,13 @@ def loop(run: Run, stop: StopSignal) -> None:
     run.stopped, window = "max_iters", []
     with bar:
         if run.step == 0 and budget is None:
-            checkpoint(run, stop)  # the untrained model's loss anchors the curve (ln(vocab) expected)
+            checkpoint(run, stop)  # The untrained model's loss, about ln(vocab_size), anchors the curve.
         if budget is not None:
             budget.begin()
         while run.step < cfg.max_iters:
             t0 = time.perf_counter()
             if rt.threads:
-                rt.threads.update()  # as many CPU threads as other processes leave cores idle
+                rt.threads.update()  # As many CPU threads as other processes leave cores idle.
             multiplier = lr_multiplier(run.step, schedule_progress(run.step, cfg, budget), cfg)
             set_lr(run.optimizer, multiplier)
             loss = forward_backward(run.train_model, run.loader, rt)
@@ -237,7 +236,7 @@ def loop(run: Run, stop: StopSignal) -> None:
                 break
             if run.step % cfg.eval_interval == 0 and run.step < cfg.max_iters:
                 checkpoint(run, stop, budget)
-                if agree(rt, torch.zeros((), device=rt.device), stop.name is not None)[1]:  # not one more step
+                if agree(rt, torch.zeros((), device=rt.device), stop.name is not None)[1]:  # A signal during it.
                     run.stopped = stop.name or "SIGTERM"
                     break
     if run.last_eval.get("step") != run.step or run.saved_at != run.step:
@@ -245,7 +244,7 @@ def loop(run: Run, stop: StopSignal) -> None:
 
 
 def finish(run: Run, stop: StopSignal) -> dict[str, Any]:
-    """Print where the outputs are (and a sample); return the run's result."""
+    """Print where the outputs are, and a sample; return the run's result."""
     run_dir, stopped, losses = run.run_dir, run.stopped, run.losses
     result = {"step": run.step, "stopped": stopped, "best_val": run.best_val, "elapsed": time.time() - run.started,
               "out_dir": str(run_dir), "checkpoint": str(run_dir / CKPT_NAME), "best": str(run_dir / BEST_NAME),
@@ -264,17 +263,17 @@ def finish(run: Run, stop: StopSignal) -> dict[str, Any]:
         print(f"final: train loss {losses['train_loss']:.4f}, val loss {losses['val_loss']:.4f} "
               f"(best val {run.best_val:.4f})")
     best = f"best       {result['best']} (lowest val loss, what sample.py reads)\n" \
-        if (run_dir / BEST_NAME).is_file() else ""  # none when stopped before its first eval finished
-    plot = f"\nloss curve {result['plot']}" if (run_dir / "loss.png").is_file() else ""  # matplotlib may have failed
+        if (run_dir / BEST_NAME).is_file() else ""  # None if stopped before its first eval finished.
+    plot = f"\nloss curve {result['plot']}" if (run_dir / "loss.png").is_file() else ""  # If matplotlib drew it.
     print(f"checkpoint {result['checkpoint']} (latest, for --resume)\n{best}metrics    {result['metrics']}{plot}")
-    if run.cfg.sample_tokens and not stop.name:  # a stop signal asked for an end now, not a sample first
+    if run.cfg.sample_tokens and not stop.name:  # A stop signal asks for an end now, not a sample first.
         sample = stop.cut_short(lambda: sample_text(run))
         if sample is None:
             result["stopped"] = stop.name
             print(f"{stop.name}: the sample was cut short; {kept}", file=sys.stderr)
         else:
             result["sample"] = sample
-            where = shlex.quote(f"./{run_dir}" if str(run_dir).startswith("-") else str(run_dir))  # not read as a flag
+            where = shlex.quote(f"./{run_dir}" if str(run_dir).startswith("-") else str(run_dir))  # Not a flag.
             print(f"sample (python sample.py --out-dir {where} for more):\n{sample}")
     return result
 
@@ -287,18 +286,18 @@ def main(argv: list[str] | None = None) -> int:
     planning.add_argument("--plan", action=Flag, help="print parameters, FLOPs, memory per GPU and time")
     planning.add_argument("--gpu", help="the GPU to plan for (default h100; a100-40gb, 4090, ...)")
     planning.add_argument("--nproc", type=integer(lo=1), help="GPUs (DDP processes; default 1)")
-    planning.add_argument("--mfu", type=number(0.001, 1),  # below 0.1%, a plan's days have no meaning
+    planning.add_argument("--mfu", type=number(0.001, 1),  # Below 0.1%, a plan's days have no meaning.
                           help=f"the model FLOPs utilisation assumed (default {DEFAULT_MFU})")
     cfg, args = parse_config(parser, argv)
     if args.gpu == "":
         raise UserError("--gpu names nothing; give a GPU (h100, a100-40gb, 4090, ...) or leave it out for h100")
     if args.plan:
-        if cfg.init_from:  # its architecture is known only once its weights load
+        if cfg.init_from:  # Its architecture is known only once its weights load.
             print(f"note: this plans the config's shape, not --init-from {cfg.init_from}'s; type its --n-layer, "
                   "--n-head and --n-embd to plan that", file=sys.stderr)
         print(plan_report(cfg, vocab_size(cfg), args.gpu or "h100", args.nproc or 1, args.mfu or DEFAULT_MFU))
         return 0
-    if given := [f"--{k}" for k in ("gpu", "nproc", "mfu") if getattr(args, k) is not None]:  # else ignored
+    if given := [f"--{k}" for k in ("gpu", "nproc", "mfu") if getattr(args, k) is not None]:  # Else ignored.
         raise UserError(f"{', '.join(given)}: for --plan only; add --plan or drop {'them' if given[1:] else 'it'}")
     return exit_code(train(cfg)["stopped"])
 

@@ -44,11 +44,11 @@ def build_model(cfg: TrainConfig, rt: Runtime, manifest: dict[str, Any], ckpt: d
     """The GPT for this run on its device: the resumed checkpoint's, --init-from weights, or fresh from cfg,
     and cfg with --batch-size auto resolved. Loaded weights keep their own architecture (where it differs from
     cfg's, a note says so); dropout is always cfg's."""
-    if not cfg.init_from:  # pretrained weights bring an architecture known only once loaded
+    if not cfg.init_from:  # Pretrained weights bring an architecture that is known only once they load.
         arch = {k: v for k, v in (ckpt or {}).get("model_config", {}).items() if k in ARCH_FIELDS}
-        check_fits(replace(cfg, **arch), manifest["vocab_size"], rt)  # building allocates the masks
+        check_fits(replace(cfg, **arch), manifest["vocab_size"], rt)  # Building allocates the masks.
     model = _weights(cfg, manifest, ckpt)
-    if cfg.batch_size == 0:  # --batch-size auto: sized from free memory, before the weights move there
+    if cfg.batch_size == 0:  # --batch-size auto is sized from free memory, before the weights move there.
         cfg = auto_batch_size(cfg, model, rt)
     return model.to(rt.device), cfg
 
@@ -76,7 +76,7 @@ def _weights(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> G
         if src is not None:
             trained_on = src.get("manifest")
         elif (source / "manifest.json").is_file() or model.config.vocab_size >= 50257:
-            trained_on = pretrained_manifest(source, None)  # else GPT-2 BPE's, if it has that many rows
+            trained_on = pretrained_manifest(source, None)  # Else GPT-2 BPE's, if the model has that many rows.
     else:
         source, model = "", GPT(cfg.model_config(vocab_size))
     if trained_on and (changes := differences(trained_on, manifest, VOCABULARY)):
@@ -84,7 +84,7 @@ def _weights(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> G
                         f"({', '.join(changes)}): its token ids would mean other text; use data of its tokenizer"
                         + (f" (--dataset {trained_on['name']})" if trained_on.get("name") else ""))
     mc = model.config
-    if mc.vocab_size < vocab_size:  # a fresh model's comes from --vocab-size: say how to fix that
+    if mc.vocab_size < vocab_size:  # A fresh model's comes from --vocab-size, so say how to fix that.
         what, fix = (f"the vocabulary of {source} ({mc.vocab_size})", "use a dataset with the model's tokenizer") \
             if source else (f"--vocab-size {mc.vocab_size}", f"use --vocab-size 0 (the tokenizer's) or >= {vocab_size}")
         raise UserError(f"{what} is smaller than the vocabulary of dataset {cfg.dataset} ({vocab_size}); {fix}")
@@ -136,10 +136,10 @@ def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime
         total, count = torch.zeros((), device=rt.device), 0
         for x, y in eval_batches(ds_dir / f"{split}.bin", cfg.block_size, batch_size, rt.device, max_batches=limit):
             if rt.threads:
-                rt.threads.update()  # --eval-only has no training loop to do it
+                rt.threads.update()  # --eval-only has no training loop to do it.
             with rt.autocast():
                 _, loss = model(x, y)
-            total += loss.float() * y.numel()  # weight by tokens: the last batch may be short
+            total += loss.float() * y.numel()  # Weighted by tokens, since the last batch may be short.
             count += y.numel()
         out[f"{split}_loss"] = total.item() / count
     model.train()
@@ -172,11 +172,11 @@ def open_data(cfg: TrainConfig, rt: Runtime) -> Data:
     checks, before anything trains, that its tokenizer can be built and each split holds a block."""
     with rt.together():
         ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if rt.is_master else None
-    ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root, verbose=False)  # rank 0 said it
+    ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root, verbose=False)  # Rank 0 has said it.
     with contextlib.ExitStack() as held, rt.together():
-        held.enter_context(hold_dataset(ds_dir))  # a prepare of it now would change what later evals read
+        held.enter_context(hold_dataset(ds_dir))  # A prepare now would change what later evals read.
         manifest = read_dataset_manifest(ds_dir)
-        tokenizer_from_manifest(manifest)  # fails now, not at the end-of-run sample
+        tokenizer_from_manifest(manifest)  # Fails now, not at the end-of-run sample.
         if short := [s for s in ("val", "train") if manifest[f"{s}_tokens"] <= cfg.block_size]:
             raise UserError(f"{short[0]} split of {cfg.dataset} is shorter than one block "
                             f"({cfg.block_size + 1} tokens); lower --block-size")
@@ -208,11 +208,11 @@ def resumed_checkpoint(cfg: TrainConfig, rt: Runtime, data: Data) -> dict[str, A
         raise UserError(f"cannot resume {path}: dataset {cfg.dataset} was prepared again since it was saved "
                         f"({', '.join(changes)}), so its token ids mean other text; prepare the data it trained "
                         "on again, or train afresh without --resume")
-    old_sha, sha = ckpt["manifest"].get("sha256"), data.manifest.get("sha256")  # same sizes can be other text
+    old_sha, sha = ckpt["manifest"].get("sha256"), data.manifest.get("sha256")  # The same sizes can be other text.
     if old_sha and sha and old_sha != sha:
         raise UserError(f"cannot resume {path}: dataset {cfg.dataset} was rebuilt from other text since this run "
                         f"started; use --init-from {path} to fine-tune on it, or prepare the old text again to resume")
-    ignore = {"resume", "init_from", *ARCH_FIELDS}  # the checkpoint's architecture wins anyway
+    ignore = {"resume", "init_from", *ARCH_FIELDS}  # The checkpoint's architecture wins anyway.
     if changes := [f"{k} {saved[k]!r} -> {v!r}" for k, v in cfg.to_dict().items()
                    if k in saved and k not in ignore and saved[k] != v]:
         print(f"note: resuming with changed settings: {', '.join(changes)}")
@@ -233,16 +233,16 @@ class Run:
         self.loader = GlobalBatchLoader(data.dir / "train.bin", cfg.block_size,
                                         self.grad_accum * cfg.batch_size * rt.world_size, self.grad_accum, rt.rank,
                                         rt.world_size, rt.device, cfg.seed, cfg.sampling)
-        # saved_at: the newest ckpt.pt's step; last_eval: the newest eval's record ({"step": n} if a signal cut it)
+        # saved_at is the newest ckpt.pt's step. last_eval is the newest eval's record, {"step": n} if a signal cut it.
         self.step, self.saved_at, self.last_eval = 0, None, {}
         self.best_val, self.wandb_id, self.stopped = math.inf, None, None
         resumed = ckpt is not None
         if resumed:
             self.loader.load_state_dict(ckpt["loader"])
-            self.step = self.saved_at = ckpt["step"]  # saves come with evals
+            self.step = self.saved_at = ckpt["step"]
             self.best_val, self.wandb_id = ckpt["best_val"], ckpt.get("wandb_id")
         example = torch.zeros(2, cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
-        self.train_model: torch.nn.Module | None = trainable(model, rt, tuple(example))  # compiled, DDP-wrapped
+        self.train_model: torch.nn.Module | None = trainable(model, rt, tuple(example))  # Compiled, DDP-wrapped.
         self.log = RunLog(self.run_dir, started, resume_step=self.step if resumed else None,
                           reference=Reference.matching(self.settings, rt.world_size)) if rt.is_master else None
         if resumed:
@@ -252,18 +252,18 @@ class Run:
             announce(self, resumed)
             if rt.device_type == "cpu":
                 say_if_long(self)
-        if resumed:  # last, so nothing above (model init, compile) shifts the streams
+        if resumed:  # Last, so that nothing above (model init, compile) shifts the random streams.
             restore_rng_state(ckpt["rng"])
-            if rt.rank:  # only rank 0's streams are saved; keep the ranks' dropout masks distinct
+            if rt.rank:  # Only rank 0's streams are saved; the other ranks' dropout masks must differ from it.
                 torch.manual_seed(int(np.random.SeedSequence([cfg.seed, rt.rank, self.step]).generate_state(1)[0]))
 
     def __enter__(self) -> Run:
         return self
 
     def __exit__(self, failed: type | None, *exc: Any) -> None:
-        self.train_model = None  # the DDP wrapper holds the process group: rt.close() ends it
+        self.train_model = None  # The DDP wrapper holds the process group, which rt.close() ends.
         if self.log is not None:
-            self.log.plot()  # a crash or nan: still draw what was logged
+            self.log.plot()  # After a crash or a nan, still draw what was logged.
             self.log.close(exit_code=1 if failed or self.stopped is None else exit_code(self.stopped))
 
     @property
@@ -274,16 +274,17 @@ class Run:
 
 
 def final_estimate(run: Run) -> Callable[[float], float]:
-    """--max-time's guess of the final eval + save + plot until one is timed: a warm eval batch timed now, scaled
-    to the eval, plus the checkpoint's write (not a share of a step's time: that differs between CPUs)."""
+    """--max-time's guess of the final eval, save and plot, used until one has been timed: a warm eval batch timed
+    now and scaled to the eval, plus the checkpoint's write. A share of a step's time would differ between CPUs."""
     cfg = run.cfg
     eval_batch = cfg.eval_batch_size or cfg.batch_size
     for _ in range(2):
         t0 = time.perf_counter()
         probe_loss(run)
     val_tokens = min(run.data.manifest["val_tokens"], cfg.eval_iters * eval_batch * cfg.block_size or math.inf)
-    evaluating = (time.perf_counter() - t0) * 2 * math.ceil(val_tokens / (eval_batch * cfg.block_size))  # val, train
-    # the weights and AdamW's two moments at a slow disk's 200 MB/s, plus 0.2 s to pickle and fsync
+    # Twice: the val split, then as many train batches.
+    evaluating = (time.perf_counter() - t0) * 2 * math.ceil(val_tokens / (eval_batch * cfg.block_size))
+    # The weights and AdamW's two moments at a slow disk's 200 MB/s, plus 0.2 s to pickle and fsync.
     saving = 0.2 + 3 * sum(p.numel() * p.element_size() for p in run.model.parameters()) / 200e6
     return lambda step_seconds: evaluating + saving + (run.log.plot_cost if run.log else 0.0)
 
@@ -295,7 +296,7 @@ def probe_loss(run: Run) -> float:
                              run.rt.device, max_batches=1))
     run.model.eval()
     with torch.no_grad(), run.rt.autocast():
-        loss = run.model(x, y)[1].item()  # .item(): waits for the device
+        loss = run.model(x, y)[1].item()  # .item() waits for the device.
     run.model.train()
     return loss
 
@@ -303,10 +304,10 @@ def probe_loss(run: Run) -> float:
 def announce(run: Run, resumed: bool) -> None:
     """Start wandb, write config.json and manifest.json, print what runs where."""
     cfg, rt = run.cfg, run.rt
-    if cfg.wandb:  # first: wandb that cannot start leaves no files behind
+    if cfg.wandb:  # First, so that a wandb that cannot start leaves no files behind.
         run.wandb_id = run.log.start_wandb(cfg.wandb_project, cfg.wandb_run_name or cfg.name, run.settings,
                                            run.wandb_id)
-    if not resumed:  # a resume's settings replace the run's with its first checkpoint (save): it may fail before
+    if not resumed:  # A resume's settings replace the run's at its first save, since it may fail before.
         write_json(run.run_dir / "config.json", run.settings)
     write_json(run.run_dir / "manifest.json", run.data.manifest)
     print(f"config {cfg.name}: {cfg.summary()}")
@@ -314,7 +315,7 @@ def announce(run: Run, resumed: bool) -> None:
           f"{run.grad_accum} accum x {rt.world_size} proc x {cfg.batch_size} x {cfg.block_size} | "
           f"{cfg.dataset}: {run.data.manifest['train_tokens']:,} train tokens"
           + (f" | resuming at step {run.step}" if resumed else "")
-          + ("" if rt.attention else f" | {attention_kernel(cfg, rt)}"))  # setup() left it to the weights
+          + ("" if rt.attention else f" | {attention_kernel(run.model.config, rt)}"))  # setup() left it to the weights.
 
 
 def say_if_long(run: Run) -> None:
@@ -326,10 +327,10 @@ def say_if_long(run: Run) -> None:
     t0 = time.perf_counter()
     with rt.autocast():
         run.model(x, x)[1].backward()
-    step = run.grad_accum * (time.perf_counter() - t0)  # evals left out: "about" needs no more
+    step = run.grad_accum * (time.perf_counter() - t0)  # Evals are left out; "about" needs no more.
     run.model.train().zero_grad(set_to_none=True)
     seconds = min(step * (cfg.max_iters - run.step), cfg.max_time or math.inf)
-    if seconds > 3600:  # an hour: a run a user should choose knowingly
+    if seconds > 3600:  # A run over an hour is one a user should choose knowingly.
         print(f"note: this run would take about {seconds / 3600:.0f} h on this CPU ({step:.1f} s a step); {cfg.name} "
               "is sized for a GPU (train.py --plan shows its time there); on a CPU use --config small, or set "
               "--max-time", file=sys.stderr)
@@ -357,12 +358,12 @@ def save(run: Run) -> None:
         "scaler": run.rt.scaler.state_dict(), "step": run.step, "loader": run.loader.state_dict(),
         "rng": capture_rng_state(), "best_val": run.best_val, "wandb_id": run.wandb_id,
         "manifest": run.data.manifest})
-    write_json(run.run_dir / "config.json", run.settings)  # what --resume reads: the settings of this ckpt.pt
+    write_json(run.run_dir / "config.json", run.settings)  # --resume reads the settings of this ckpt.pt.
     run.saved_at = run.step
 
 
 LOCK_NAME = ".lock"
-RUN_FILES = (CKPT_NAME, BEST_NAME, "config.json", "manifest.json", "metrics.jsonl", "loss.png")  # and "wandb"
+RUN_FILES = (CKPT_NAME, BEST_NAME, "config.json", "manifest.json", "metrics.jsonl", "loss.png")  # And "wandb/".
 
 
 def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitStack:
@@ -383,22 +384,22 @@ def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitSta
     lock.truncate(0)
     lock.write(f"{os.getpid()}\n")
     lock.flush()
-    # atomic_write's temp files: every writer holds the lock, so theirs are dead
+    # Every writer holds the lock, so the temp files of atomic writes found now are from dead processes.
     stale = [p for name in RUN_FILES for p in run_dir.glob(f".{name}.*.tmp") if p.is_file()]
     for p in stale:
         p.unlink(missing_ok=True)
     if stale:
         print(f"note: removed {len(stale)} temp file(s) of interrupted saves from {run_dir}")
 
-    def remove_if_unused(failed: type | None, *_: Any) -> None:  # a run that failed before writing leaves nothing
-        with contextlib.suppress(OSError):  # a folder that is not empty holds something else
+    def remove_if_unused(failed: type | None, *_: Any) -> None:  # A run that failed before writing leaves nothing.
+        with contextlib.suppress(OSError):  # A folder that is not empty holds something else.
             if failed is not None and created and os.listdir(created[0].parent) == [LOCK_NAME]:
-                for path in created:  # the lock file, then folders, innermost first
+                for path in created:  # The lock file, then the folders, innermost first.
                     path.rmdir() if path.is_dir() else path.unlink()
 
     held = contextlib.ExitStack()
     held.enter_context(lock)
-    held.push(remove_if_unused)  # returns None: the error goes on
+    held.push(remove_if_unused)  # It returns None, so the error goes on.
     return held
 
 
@@ -406,18 +407,18 @@ def _usable_out_dir(run_dir: Path, fresh: bool) -> tuple[list[Path], Any]:
     """Create run_dir and open its lock file; returns what was created, and the lock file. A fresh run refuses a
     folder with files no run wrote (a run's folder has its lock file): it would overwrite someone's files."""
     try:
-        if is_dataset(run_dir):  # its next rebuild would replace the run
+        if is_dataset(run_dir):  # Its next rebuild would replace the run.
             raise UserError(f"--out-dir {run_dir} holds a prepared dataset; pick another --out-dir")
         created = [p for p in (run_dir / LOCK_NAME, run_dir, *run_dir.parents) if not p.exists()]
         run_dir.mkdir(parents=True, exist_ok=True)
         held = sorted(os.listdir(run_dir))
-        if links := [name for name in held if (run_dir / name).is_symlink()]:  # would write outside the run dir
+        if links := [name for name in held if (run_dir / name).is_symlink()]:  # They would write outside it.
             raise UserError(f"{run_dir} holds symbolic links ({', '.join(links)}); a run writes only inside its out "
                             "dir: remove them or pick another --out-dir")
         ours = LOCK_NAME in held
         if foreign := [name for name in held if fresh and not (ours and name in (*RUN_FILES, "wandb"))
-                       and name[0] != "." and not name.endswith(".log")]:  # `| tee out/x/train.log` comes first
-            foreign.sort(key=lambda name: name in RUN_FILES)  # the telling names first
+                       and name[0] != "." and not name.endswith(".log")]:  # `| tee out/x/train.log` comes first.
+            foreign.sort(key=lambda name: name in RUN_FILES)  # The telling names first.
             raise UserError(f"--out-dir {run_dir} holds files no run of this project wrote ({', '.join(foreign[:3])}"
                             f"{', ...' * (len(foreign) > 3)}); pick another --out-dir")
         return created, open(run_dir / LOCK_NAME, "a+")
