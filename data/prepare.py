@@ -24,8 +24,6 @@ start_script(__name__)  # first, so that Ctrl-C during the imports below (numpy,
 import contextlib
 import errno
 import hashlib
-import itertools
-import multiprocessing
 import os
 import re
 import shutil
@@ -45,14 +43,14 @@ from .files import is_dataset, swap_dir, write_errors, write_json
 from .manifest import read_dataset_manifest
 from .sources import Source, dataset_source, files_source, split_name, text_source
 from .tokenfile import VERSION, dtype_for_vocab, read_tokens, truncate_tokens, write_tokens
-from .tokenizer import TOKENIZERS, Tokenizer, get_tokenizer, tokenizer_from_manifest
+from .tokenizer import TOKENIZERS, GPT2Tokenizer, Tokenizer, get_tokenizer
 
 DEFAULT_ROOT = Path("data/prepared")
 CORPORA = Path(__file__).resolve().parent / "corpora"
 _SHAKESPEARE = CORPORA / "tinyshakespeare" / "input.txt"
 PRESETS = {"shakespeare_char": "char", "shakespeare": "gpt2"}  # each preset's tokenizer for the bundled text
 CHAR_DOC_SEPARATOR = "\n\n"
-_BATCH_DOCS, _BATCH_CHARS = 1024, 4 << 20  # documents per worker task, bounded by their total size
+_BATCH_DOCS, _BATCH_CHARS = 1024, 4 << 20  # documents encoded at a time, bounded by their total size
 _COPY_CHUNK = 1 << 24  # tokens copied at a time from the stream into val.bin
 _CHUNK_CHARS = 4 << 20  # a single text is encoded in pieces of about this size, to bound memory
 _SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
@@ -125,48 +123,33 @@ def _reusable(out_dir: Path, source: Source, tokenizer: str, val_fraction: float
     return manifest if all(manifest.get(k) == v for k, v in want.items()) else None
 
 
-def _encode(tok: Tokenizer, docs: list[str], separate: bool) -> np.ndarray:
-    """Encode texts in the file dtype, each followed by the document separator if ``separate``."""
-    parts = [tok.encode_array(doc) for doc in docs]
+def _encode(tok: Tokenizer, docs: list[str], separate: bool, threads: int) -> np.ndarray:
+    """Encode texts in the file dtype, each followed by the document separator if ``separate``. tiktoken encodes
+    GPT-2's on `threads` threads; the char tokenizer's numpy search is fast enough on one."""
+    if isinstance(tok, GPT2Tokenizer):
+        parts = [np.array(ids, np.int64) for ids in tok.enc.encode_ordinary_batch(docs, num_threads=threads)]
+    else:
+        parts = [tok.encode_array(doc) for doc in docs]
     if separate:
         sep = np.asarray([tok.eot_id] if tok.eot_id is not None else tok.encode(CHAR_DOC_SEPARATOR))
         parts = [p for doc in parts for p in (doc, sep)]
     return np.concatenate(parts).astype(dtype_for_vocab(tok.vocab_size))
 
 
-def _text_chunks(text: str, bar: Any) -> Iterator[list[str]]:
-    """Pieces of about _CHUNK_CHARS characters. Each is cut after a lone newline before a non-space, where GPT-2's
-    pre-tokenizer ends a piece anyway, so the pieces encode to exactly the whole text's tokens."""
-    pos = 0
+def _text_chunks(text: str, bar: Any, threads: int) -> Iterator[list[str]]:
+    """The text in batches of `threads` pieces of about _CHUNK_CHARS characters. Each piece is cut after a lone
+    newline before a non-space, where GPT-2's pre-tokenizer ends a piece anyway, so the pieces encode to exactly
+    the whole text's tokens."""
+    pos, batch = 0, []
     while pos < len(text):
         cut = _SAFE_CUT.search(text, min(pos + _CHUNK_CHARS, len(text)))
         end = cut.start() if cut else len(text)
+        batch.append(text[pos:end])
         bar.update(end - pos)
-        yield [text[pos:end]]
         pos = end
-
-
-def _worker_encode(spec: dict[str, Any], docs: list[str], separate: bool) -> np.ndarray:
-    """_encode in a worker process. Rebuilding the tokenizer per task is cheap, since GPT-2's encoding is cached."""
-    return _encode(tokenizer_from_manifest(spec), docs, separate)
-
-
-def _encode_stream(tok: Tokenizer, batches: Iterator[list[str]], num_proc: int,
-                   separate: bool = True) -> Iterator[np.ndarray]:
-    """The encoded batches in order, from a process pool only when there is more than one batch."""
-    head = list(itertools.islice(batches, 2))
-    batches = itertools.chain(head, batches)
-    if len(head) < 2 or num_proc <= 1:
-        yield from (_encode(tok, batch, separate) for batch in batches)
-        return
-    spec = {"tokenizer": tok.name, "chars": getattr(tok, "chars", None)}
-    with multiprocessing.get_context().Pool(num_proc) as pool:
-        pending: list = []  # a bounded window, since Pool.imap would read a streamed source all ahead
-        for batch in batches:
-            pending.append(pool.apply_async(_worker_encode, (spec, batch, separate)))
-            if len(pending) >= 2 * num_proc:
-                yield pending.pop(0).get()
-        yield from (result.get() for result in pending)
+        if len(batch) == threads or pos == len(text):
+            yield batch
+            batch = []
 
 
 def _split_point(n: int, val_fraction: float) -> int:
@@ -189,7 +172,7 @@ def _prepare_single_text(source: Source, tok_name: str, out_dir: Path, val_fract
     with tqdm(total=len(corpus), unit="char", unit_scale=True, desc=f"{out_dir.name}: tokenizing",
               disable=not verbose or len(corpus) < 4 * _CHUNK_CHARS) as bar:
         for split, part in (("train", corpus[:cut]), ("val", corpus[cut:])):
-            encoded = _encode_stream(tok, _text_chunks(part, bar), num_proc, separate=False)
+            encoded = (_encode(tok, batch, False, num_proc) for batch in _text_chunks(part, bar, num_proc))
             counts[split] = write_tokens(out_dir / f"{split}.bin", encoded, tok.vocab_size)
     return tok, counts, source.sha256
 
@@ -221,7 +204,7 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
             yield batch
 
     with tqdm(desc=f"{out_dir.name}: tokenizing", **opts) as bar:
-        write_tokens(stream, _encode_stream(tok, batches(), num_proc), tok.vocab_size)
+        write_tokens(stream, (_encode(tok, batch, True, num_proc) for batch in batches()), tok.vocab_size)
     tokens = read_tokens(stream)
     if len(tokens) == 0:
         raise UserError(f"{source.label} has no text; give a non-empty corpus")
@@ -314,7 +297,7 @@ def prepare(name: str | None = None, *, text: str | os.PathLike | None = None,
     """Prepare dataset ``name`` (a preset, or the output name for a --text/--files/--hf source); returns its folder."""
     if not 0.0 < val_fraction < 1.0:
         raise UserError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-    if num_proc and num_proc > (cores := os.cpu_count() or 1):  # before any Pool: each process costs memory
+    if num_proc and num_proc > (cores := os.cpu_count() or 1):  # more threads than cores would only contend
         raise UserError(f"--num-proc {num_proc}: this machine has {cores} cores; use at most {cores}")
     source, tok_name, name = _resolve(name, text, files, hf, subset, split, revision, text_column, streaming, tokenizer)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
@@ -379,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="share held out for val")
     p.add_argument("--out-root", default=str(DEFAULT_ROOT), help="where <name>/ is written")
     p.add_argument("--name", dest="out_name", metavar="NAME", help="output folder name (default: from the source)")
-    p.add_argument("--num-proc", type=integer(lo=1), help="tokenizer processes (default: cores, max 8)")
+    p.add_argument("--num-proc", type=integer(lo=1), help="tokenizer threads (default: cores, max 8)")
     p.add_argument("--force", action=Flag, help="rebuild even if the outputs are up to date")
     p.add_argument("--quiet", action=Flag, help="no progress output")
     kw = vars(p.parse_args(argv))  # the other options are prepare()'s keyword arguments
