@@ -84,7 +84,7 @@ def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: st
         source = text_source(text)
         stem = split_name(Path(text))[0] if source.single else Path(text).resolve().name
     elif files:
-        source = files_source([files] if isinstance(files, (str, os.PathLike)) else files, text_column)
+        source = files_source(files, text_column)
         stem = split_name(Path(source.description["paths"][0]))[0]
     else:
         source = dataset_source(hf, subset, split, text_column, streaming, revision)  # type: ignore[arg-type]
@@ -289,7 +289,7 @@ def dataset_dir(name: str, root: str | os.PathLike = DEFAULT_ROOT, verbose: bool
 
 
 def prepare(name: str | None = None, *, text: str | os.PathLike | None = None,
-            files: str | os.PathLike | Sequence[str | os.PathLike] | None = None, hf: str | None = None,
+            files: Sequence[str | os.PathLike] | None = None, hf: str | None = None,
             subset: str | None = None, split: str = "train", revision: str | None = None,
             text_column: str = "text", streaming: bool = False, tokenizer: str | None = None,
             val_fraction: float = 0.1, out_root: str | os.PathLike = DEFAULT_ROOT,
