@@ -1,4 +1,4 @@
-"""manifest.json, which says what a prepared dataset is: read, checked and compared where a model meets data.
+"""manifest.json, what a prepared dataset is: read, checked and compared where a model meets data.
 
 Its fields are name, tokenizer ("char" or "gpt2"), vocab_size, chars (char only: the vocabulary as one string,
 a token id being an index into it), eot_id (50256 for gpt2, null for char), train_tokens, val_tokens, dtype,

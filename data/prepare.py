@@ -284,8 +284,8 @@ def dataset_dir(name: str, root: str | os.PathLike = DEFAULT_ROOT, verbose: bool
                         "give --dataset a dataset's name")
     root = "" if Path(root) == DEFAULT_ROOT else f" --out-root {root}"
     raise UserError(f"dataset {name!r} is neither a preset ({', '.join(PRESETS)}) nor prepared in {path}; prepare "
-                    f"it first: python -m data.prepare --text PATH (or --files FILE ..., --hf DATASET) --name {name}"
-                    + root)
+                    "it first: python -m data.prepare --text PATH (or --files FILE ..., --hf DATASET) "
+                    f"--name {name}{root}")
 
 
 def prepare(name: str | None = None, *, text: str | os.PathLike | None = None,
