@@ -1,8 +1,8 @@
-"""Where corpus text comes from: a ``Source`` per kind, read by `datasets`.
+"""Where corpus text comes from: a ``Source`` per kind, each read by `datasets`.
 
-Local sources are hashed up front, so a prepared dataset is cheap to check, and streamed (no copy in the
-datasets cache). Bytes that are not UTF-8 become U+FFFD with a note: a few of them in a large scraped
-corpus are no reason to refuse it.
+Local sources are hashed up front, so that a prepared dataset is cheap to check, and streamed, so that nothing
+is copied into the datasets cache. Bytes that are not UTF-8 become U+FFFD with a note: a few of them in a
+large scraped corpus are no reason to refuse it.
 """
 
 from __future__ import annotations
@@ -26,26 +26,26 @@ from configs.errors import UserError, first_line
 from .tokenizer import host_reachable
 
 FORMATS = {".txt": "text", ".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
-COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # single-file compressions datasets reads (via fsspec)
-_ESCAPED = re.compile("[\udc80-\udcff]")  # the bytes UTF-8 cannot decode, as surrogateescape keeps them
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # the single-file compressions datasets reads, through fsspec
+_ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that UTF-8 cannot decode, as surrogateescape keeps them
 _BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
          (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # UTF-32 LE's starts with UTF-16 LE's
 
 
 @dataclass
 class Source:
-    label: str  # for messages: "corpus corpus.txt", "hub dataset 'x'"
-    description: dict[str, Any]  # JSON-safe; recorded in the manifest
+    label: str  # what messages call it, e.g. "corpus corpus.txt" or "hub dataset 'x'"
+    description: dict[str, Any]  # JSON-safe, recorded in the manifest
     documents: Callable[[], Iterator[str]]  # a fresh pass over the documents on each call
     sha256: str | None = None  # of the raw bytes, for local sources
-    total: int | None = None  # number of documents when known (progress bar)
+    total: int | None = None  # the number of documents when known, for the progress bar
     single: bool = False  # one text, its one document split by characters
 
 
 def hash_files(paths: Iterable[Path]) -> str:
-    """sha256 of the files' bytes; UTF-8 .txt files are checked on the way: NUL bytes are refused, bytes
+    """The sha256 of the files' bytes. UTF-8 .txt files are checked on the way: NUL bytes are refused, and bytes
     that do not decode are counted in one note."""
-    h, bad = hashlib.sha256(), Counter[str]()  # file: bytes read as U+FFFD
+    h, bad = hashlib.sha256(), Counter[str]()  # bytes read as U+FFFD, per file
     for p in paths:
         decode = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode
         check = p.suffix.lower() == ".txt" and text_encoding(p).startswith("utf-8")
@@ -57,7 +57,7 @@ def hash_files(paths: Iterable[Path]) -> str:
                                     "take it out of the corpus")
                 bad[str(p)] += len(_ESCAPED.findall(decode(block))) if check else 0
         bad[str(p)] += len(_ESCAPED.findall(decode(b"", final=True)))  # a sequence cut off at the end
-    if bad := +bad:  # + drops the files without any
+    if bad := +bad:  # the unary + drops the files without any
         names = ", ".join(list(bad)[:3]) + (", ..." if len(bad) > 3 else "")
         print(f"note: {len(bad)} file(s) not valid UTF-8 ({names}): {sum(bad.values()):,} undecodable bytes "
               "read as U+FFFD", file=sys.stderr)
@@ -65,68 +65,55 @@ def hash_files(paths: Iterable[Path]) -> str:
 
 
 def split_name(path: Path) -> tuple[str, str]:
-    """corpus.jsonl.gz -> ("corpus", ".jsonl"): the file name less its compression and format suffixes."""
+    """The file name less its compression, and its format suffix: corpus.jsonl.gz gives ("corpus", ".jsonl")."""
     compression = next((c for c in COMPRESSIONS if path.name.lower().endswith(c)), "")
     stem, ext = os.path.splitext(path.name[: len(path.name) - len(compression)])
     return stem, ext.lower()
 
 
 def text_encoding(path: Path) -> str:
-    """A text file's encoding: its byte-order mark's; else UTF-16 when most character pairs have a zero
-    high byte (Latin text; UTF-8 text has no zero bytes); else UTF-8. Compressed files: UTF-8."""
+    """A text file's encoding: its byte-order mark's, else UTF-16 when most character pairs have a zero high
+    byte (Latin text, since UTF-8 text has no zero bytes), else UTF-8. Compressed files are taken for UTF-8."""
     if "".join(split_name(path)) != path.name:
         return "utf-8"
     with open(path, "rb") as f:
-        head = f.read(1 << 16)  # 64 KiB tell as well as the whole file
+        head = f.read(1 << 16)  # 64 KiB tell as much as the whole file
     even, odd = head[0::2].count(0), head[1::2].count(0)
     return next((encoding for bom, encoding in _BOMS if head.startswith(bom)), None) or (
         "utf-16-le" if odd > len(head) // 4 > even else "utf-16-be" if even > len(head) // 4 > odd else "utf-8")
 
 
 @contextlib.contextmanager
-def _reading(where: str, fix: str) -> Iterator[None]:
-    """A failure of datasets as one line naming `where` and `fix` (datasets logs it first: silenced)."""
-    log = logging.getLogger("datasets")
+def _reading(where: str, fix: str, offline: bool = False) -> Iterator[Any]:
+    """The datasets module, a failure of which becomes one line naming `where` and `fix`. Its log, which would
+    print the error first, is silenced meanwhile. offline=True keeps it off the hub, which local data does not
+    need; datasets then also skips its download-count request per file."""
+    import datasets
+
+    log, saved = logging.getLogger("datasets"), datasets.config.HF_HUB_OFFLINE
     level = log.level
     log.setLevel(logging.CRITICAL)
+    datasets.config.HF_HUB_OFFLINE = saved or offline
     try:
-        yield
+        yield datasets
     except Exception as e:
         raise UserError(f"could not read {where}: {first_line(e)}; {fix}") from e
     finally:
         log.setLevel(level)
-
-
-def _open(where: str, fix: str, *args: Any, load: str = "load_dataset", offline: bool = True, **kwargs: Any) -> Any:
-    """datasets.<load>(*args, **kwargs), read as _reading says. Offline by default: local data needs no hub,
-    and datasets then skips its download-count request per file."""
-    import datasets
-
-    saved = datasets.config.HF_HUB_OFFLINE
-    datasets.config.HF_HUB_OFFLINE = saved or offline
-    try:
-        with _reading(where, fix):
-            return getattr(datasets, load)(*args, **kwargs)
-    finally:
         datasets.config.HF_HUB_OFFLINE = saved
 
 
 def _column_texts(ds: Any, column: str, where: str) -> Iterator[str]:
     """The non-empty ``column`` cells of a datasets (Iterable)Dataset, read in column batches (fast)."""
-    def no_column(columns: Iterable[str]) -> UserError:
-        return UserError(f"{where} has no column {column!r} (columns: {', '.join(columns)}); "
-                         "pick one with --text-column")
-
-    if ds.column_names is not None and column not in ds.column_names:  # None: checked on the first batch
-        raise no_column(ds.column_names)
-    it = iter(ds.iter(batch_size=1024))
+    batches = iter(ds.iter(batch_size=1024))
     while True:
-        with _reading(where, "check the file/dataset"):  # around the datasets reader only, not our code
-            batch = next(it, None)
+        with _reading(where, "check the file/dataset"):  # around the datasets reader only, not this code
+            batch = next(batches, None)
         if batch is None:
             return
         if column not in batch:
-            raise no_column(batch)
+            raise UserError(f"{where} has no column {column!r} (columns: {', '.join(batch)}); "
+                            "pick one with --text-column")
         for value in filter(lambda v: v is not None and v != "", batch[column]):
             if not isinstance(value, str):
                 raise UserError(f"column {column!r} of {where} holds {type(value).__name__}, not text; "
@@ -140,8 +127,9 @@ def _read_texts(paths: list[Path], where: str) -> Iterator[str]:
         if not (encoding := text_encoding(path)).startswith("utf-8"):
             print(f"note: {path} is {encoding.upper()} text, not UTF-8; decoding it as {encoding.upper()}",
                   file=sys.stderr)
-        ds = _open(where, "check the file", "text", data_files=[str(path)], split="train",
-                   streaming=True, encoding=encoding, sample_by="document", encoding_errors="replace")
+        with _reading(where, "check the file", offline=True) as datasets:
+            ds = datasets.load_dataset("text", data_files=[str(path)], split="train", streaming=True,
+                                       encoding=encoding, sample_by="document", encoding_errors="replace")
         yield from _column_texts(ds, "text", where)
 
 
@@ -149,7 +137,8 @@ def text_source(path: str | os.PathLike) -> Source:
     """One text file (a single text, split by characters) or a folder of text files (documents)."""
     path = Path(path)
     if not (single := path.is_file()) and not path.is_dir():
-        what = f"{path} is not a regular file (a device or a pipe)" if path.exists() else f"no such file or folder: {path}"
+        what = (f"{path} is not a regular file (a device or a pipe)" if path.exists()
+                else f"no such file or folder: {path}")
         raise UserError(f"{what}; give --text a text file or a folder of text files")
     files = [path] if single else sorted(p for p in path.rglob("*") if p.is_file() and split_name(p)[1] == ".txt")
     if not files:
@@ -181,8 +170,8 @@ def files_source(paths: Iterable[str | os.PathLike], text_column: str = "text") 
     def documents() -> Iterator[str]:
         if builder == "text":
             return _read_texts(files, where)
-        ds = _open(where, "check the files' format", builder, data_files=[str(p) for p in files], split="train",
-                   streaming=True)
+        with _reading(where, "check the files' format", offline=True) as datasets:
+            ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", streaming=True)
         return _column_texts(ds, text_column, where)
 
     return Source(where, {"kind": "files", "format": builder, "paths": [str(p) for p in files],
@@ -191,35 +180,34 @@ def files_source(paths: Iterable[str | os.PathLike], text_column: str = "text") 
 
 def dataset_source(name: str, subset: str | None = None, split: str = "train", text_column: str = "text",
                    streaming: bool = False, revision: str | None = None) -> Source:
-    """A dataset directory on disk (data files, or `save_to_disk` output), else a Hugging Face hub dataset,
-    which asks the network only when it is not cached."""
-    path = Path(name)
+    """A dataset directory on disk (data files, or `save_to_disk` output), else a Hugging Face hub dataset, which
+    asks the network only when it is not cached."""
+    path, common = Path(name), {"subset": subset, "split": split, "text_column": text_column}
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts)
         where = f"dataset directory {path}"
-        return Source(where, {"kind": "dataset_dir", "path": str(path), "subset": subset, "split": split,
-                              "text_column": text_column},
+        return Source(where, {"kind": "dataset_dir", "path": str(path), **common},
                       lambda: _column_texts(_local_dataset(where, path, subset, split), text_column, where),
                       hash_files(files))
     where = f"hub dataset {name!r}" + (f" ({subset})" if subset else "")
-    return Source(where, {"kind": "hub", "name": name, "subset": subset, "split": split, "revision": revision,
-                          "text_column": text_column, "streaming": streaming},
-                  lambda: _column_texts(_hub_dataset(where, name, subset, split, revision, streaming), text_column, where))
+    return Source(where, {"kind": "hub", "name": name, **common, "revision": revision, "streaming": streaming},
+                  lambda: _column_texts(_hub_dataset(where, name, subset, split, revision, streaming),
+                                        text_column, where))
 
 
 def _local_dataset(where: str, path: Path, subset: str | None, split: str) -> Any:
-    fix = "check --subset/--split and the folder's data files"
-    if not (path / "dataset_dict.json").is_file() and not (path / "state.json").is_file():  # not save_to_disk's
-        return _open(where, fix, str(path), subset, split=split, streaming=True)
-    ds = _open(where, fix, str(path), load="load_from_disk")
-    if isinstance(ds, dict) and split not in ds:  # a DatasetDict: one Dataset per split
+    with _reading(where, "check --subset/--split and the folder's data files", offline=True) as datasets:
+        if not (path / "dataset_dict.json").is_file() and not (path / "state.json").is_file():  # no save_to_disk's
+            return datasets.load_dataset(str(path), subset, split=split, streaming=True)
+        ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, dict) and split not in ds:  # a DatasetDict, one Dataset per split
         raise UserError(f"{where} has no split {split!r} (splits: {', '.join(ds)}); pick one with --split")
     return ds[split] if isinstance(ds, dict) else ds
 
 
 def _hub_dataset(where: str, name: str, subset: str | None, split: str, revision: str | None, streaming: bool) -> Any:
-    """Offline, datasets retries for long before it falls back to its cache: so look first, and when the hub
-    is away ask datasets for its cached copy (of a dataset loaded before without --streaming)."""
+    """Offline, datasets retries for long before it falls back to its cache, so look first. When the hub is away,
+    ask datasets for its cached copy, of a dataset loaded before without --streaming."""
     import datasets
 
     fix = (f"where there is network, run `hf download {name} --repo-type dataset --local-dir data/hub/{name}` "
@@ -230,5 +218,5 @@ def _hub_dataset(where: str, name: str, subset: str | None, split: str, revision
         raise UserError(f"cannot reach {host} to stream {where}; {fix}")
     why = ("it is not in the datasets cache and the hub cannot be reached" if offline
            else "check the name/--subset/--split/--revision")
-    return _open(where, f"{why}; {fix}", name, subset, split=split, revision=revision, streaming=streaming,
-                 offline=offline)
+    with _reading(where, f"{why}; {fix}", offline):
+        return datasets.load_dataset(name, subset, split=split, revision=revision, streaming=streaming)
