@@ -2,12 +2,13 @@
 
     python train.py --config gpt2 --plan --gpu a100-40gb --n-layer 24 --n-embd 1024 --n-head 16
 
-The model is built on the meta device (shapes only). Each term of the estimate, and how it was
-checked against measured peaks (benchmarks/memory.py, tests/test_plan.py): docs/planning.md.
+The model is built on the meta device, which holds shapes only. docs/planning.md explains each term of the
+estimate and how it was checked against measured peaks (benchmarks/memory.py, tests/test_plan.py).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import re
@@ -27,7 +28,7 @@ from training.runtime import GPUS
 
 F32 = 4  # bytes of a float32: parameters, gradients, optimizer state, the residual stream
 GiB = 2**30
-USABLE = 0.9  # share of a GPU's memory to plan on: the CUDA context and the allocator's fragmentation take the rest
+USABLE = 0.9  # the share of a GPU's memory to plan on: the CUDA context and the allocator's fragments take the rest
 DEFAULT_MFU = 0.3  # what nanoGPT's GPT-2 runs reach; tiny models reach far less (docs/planning.md)
 ADVICE = "use --batch-size auto, a smaller --block-size or a smaller model"
 
@@ -36,7 +37,7 @@ def meta_model(cfg: TrainConfig, vocab_size: int) -> GPT:
     try:
         with torch.device("meta"):
             return GPT(cfg.model_config(vocab_size))
-    except RuntimeError as e:  # a weight of more bytes than an int64 counts: no plan, no device holds it
+    except RuntimeError as e:  # a weight of more bytes than an int64 counts, which no device holds
         raise UserError(f"this model is too big to plan, let alone train ({first_line(e)}); use a smaller "
                         "--n-embd, --n-layer or --vocab-size") from None
 
@@ -125,14 +126,12 @@ class Estimate:
         return parts
 
     def largest_batch(self, budget: float, divides: int = 0) -> int:
-        """The largest micro-batch whose peak fits in budget bytes (0 if none); with divides, the
-        largest divisor of that number, so gradient accumulation keeps the global batch."""
-        best, over = 0, 1  # memory grows with the batch: double past the budget, then bisect
+        """The largest micro-batch whose peak fits in budget bytes (0 if none). With divides, the largest divisor
+        of `divides` up to that, so that gradient accumulation keeps the global batch."""
+        over = 1  # memory grows with the batch: double past the budget, then bisect
         while self.memory(over)["total"] <= budget:
-            best, over = over, 2 * over
-        while over - best > 1:
-            mid = (best + over) // 2
-            best, over = (mid, over) if self.memory(mid)["total"] <= budget else (best, mid)
+            over *= 2
+        best = max(0, bisect.bisect_right(range(over), budget, key=lambda b: self.memory(b)["total"]) - 1)
         if divides:
             best = max((d for d in range(1, min(best, divides) + 1) if divides % d == 0), default=0)
         return best
@@ -224,10 +223,6 @@ def gpu_spec(name: str) -> tuple[str, int, float]:
     return f"{key} {gb}GB", gb * GiB, flops
 
 
-def _count(n: float) -> str:
-    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,.0f}"
-
-
 def _duration(seconds: float) -> str:
     for unit, size in (("days", 86400), ("h", 3600), ("min", 60), ("s", 1)):
         if seconds >= 2 * size:
@@ -250,7 +245,7 @@ def plan_report(cfg: TrainConfig, vocab_size: int, gpu: str, nproc: int, mfu: fl
             else f"nothing: one sequence needs {est.memory(1)['total'] / GiB:.1f} GiB")
     return "\n".join([
         f"plan for {cfg.name} on {nproc} x {label} ({peak / 1e12:.0f} TFLOP/s dense bf16); estimates only",
-        f"parameters    {_count(est.params)} = {_count(embedding)} embedding + {_count(est.params - embedding)} other",
+        f"parameters    {est.params:,} = {embedding:,} embedding + {est.params - embedding:,} other",
         f"FLOPs         {flops / 1e6:,.1f} MFLOP per token (6 per matmul weight + attention: MFU's count)",
         f"batch         {tokens:,} tokens/step = {B} sequences x {T} tokens x {nproc} "
         f"process{'es' if nproc > 1 else ''} x {share // B} accumulation",
@@ -259,7 +254,6 @@ def plan_report(cfg: TrainConfig, vocab_size: int, gpu: str, nproc: int, mfu: fl
         *(f"  {k:<24}{v / unit:8.2f}" for k, v in mem.items() if v and k != "total"),
         f"  {'peak':<24}{mem['total'] / unit:8.2f}  of {budget / unit:,.1f} usable ({USABLE:.0%} of "
         f"{capacity / GiB:.0f} GiB): {'fits' if mem['total'] <= budget else 'does NOT fit'}",
-        "  (peak = the rows above the copies + max(copies + activations, each row after))",
         f"fits          {fits}",
         f"time          {_duration(step)}/step, {tokens / step:,.0f} tokens/s; max_iters {cfg.max_iters:,} = "
         f"{_duration(step * cfg.max_iters)} at {mfu:.0%} MFU (--mfu to change)",
