@@ -1,8 +1,7 @@
-"""Reference loss bands: the min and max over several seeds of a named config's train and val loss.
+"""Reference loss bands: the min and max of a named config's train and val loss over several seeds.
 
-`python -m benchmarks reference --config small --seeds 5` writes configs/reference/small.json, with the config
-behind it and the command, machine, dtype and date. A run whose config matches one in every field that shapes
-the loss curve is drawn over its band, and hears about an eval clearly outside it.
+`python -m benchmarks reference --config small` writes configs/reference/small.json. A run whose config matches one
+in every field that shapes the loss curve is drawn over its band, and hears about an eval clearly outside it.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ from configs import BASE
 
 REFERENCE_DIR = Path(__file__).resolve().parent.parent / "configs" / "reference"
 
-# A run may differ in these fields and still be compared: they move the loss curve less than the seeds do
-# (docs/training.md).
+# A run may differ in these fields and still be compared: they move the loss curve less than seeds do.
 MATCH_IGNORES = frozenset({"name", "out_dir", "data_root", "resume", "seed", "eval_interval", "log_interval",
                            "sample_tokens", "attention", "device", "dtype", "compile", "threads", "wandb",
                            "wandb_project", "wandb_run_name"})
@@ -49,8 +47,7 @@ class Reference:
 
     def mismatches(self, cfg: dict[str, Any], world_size: int = 1) -> list[str]:
         """The fields outside MATCH_IGNORES in which cfg differs; a field newer than the reference matches at its
-        default. tokens_per_step compares the global batch, since 0 means one micro-batch per process (and the
-        reference ran in one process)."""
+        default. tokens_per_step compares the global batch, since 0 means one micro-batch per process."""
         ours, theirs = _global_batch(cfg, world_size), BASE.to_dict() | _global_batch(self.data["config"], 1)
         return [k for k in sorted(ours) if k not in MATCH_IGNORES and theirs.get(k) != ours[k]]
 

@@ -1,13 +1,7 @@
 """What a run runs on: device, precision, CPU threads, compilation, seeds and the DDP process group.
 
-    rt = setup(cfg)                     # or setup(device="auto", dtype="auto") from sample.py
-    print(rt.describe())                # cuda:0 NVIDIA T4 (capability 7.5), float16 + loss scaling, ...
-    with rt.autocast():
-        logits, loss = model(x, y)
-    rt.scaler.scale(loss).backward()    # a no-op scaler unless dtype is float16
-
 probe() reads the machine into a Machine, and choose() decides from it alone by TABLE, so tests can fake any
-machine. Weights stay float32; autocast lowers the matmuls.
+machine. Weights stay float32: rt.autocast() lowers the matmuls, and rt.scaler scales the loss under float16.
 """
 
 from __future__ import annotations
@@ -261,8 +255,8 @@ class CpuThreads:
 
 
 def torchrun_environment() -> tuple[int, int, int]:
-    """(rank, local_rank, world_size) as torchrun set them, or (0, 0, 1) for a process of its own. Some of
-    them without the others are left over in a cluster shell, not a launch: one line names them."""
+    """(rank, local_rank, world_size) as torchrun set them, or (0, 0, 1) for a process of its own. Some of them
+    without the others are left over in a cluster shell, not a launch, and one error line names them."""
     names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     given = {name: os.environ[name] for name in names if name in os.environ}
     if not given:
@@ -292,7 +286,7 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
     rt = Runtime(p, torch.amp.GradScaler(p.device_type, enabled=p.loss_scaling), rank, local_rank, world_size)
     if rt.device_type == "cuda":
         torch.cuda.set_device(rt.device)
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls: ~free speed on Ampere+
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls are nearly free speed on Ampere and later
         torch.backends.cudnn.allow_tf32 = True
         hits = [k for k in PEAK_FLOPS if k in torch.cuda.get_device_name(rt.device)]  # longest wins: L40S, not L4
         rt.peak_flops = PEAK_FLOPS[max(hits, key=len)] if hits else None
@@ -310,7 +304,7 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
         np.random.seed((seed + rank) % 2**32)
         torch.manual_seed(seed + rank)  # seeds every CUDA device too
     if cfg is not None:
-        if not (cfg.resume or cfg.init_from or cfg.eval_only):  # else the weights bring theirs: announce() says it
+        if not (cfg.resume or cfg.init_from or cfg.eval_only):  # else announce() names the weights' attention
             rt.attention = attention_kernel(cfg, rt)
         rt.deterministic = cfg.deterministic
         if rt.device_type == "cpu":
@@ -320,8 +314,8 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
 
 
 def trainable(model: torch.nn.Module, rt: Runtime, example: tuple[torch.Tensor, torch.Tensor]) -> torch.nn.Module:
-    """`model` for the training step: compiled (now, by a step on `example` that leaves no gradients and the
-    RNGs as they were) when the run says so, DDP-wrapped under torchrun. A failed compile says why in one line."""
+    """`model` for the training step, DDP-wrapped under torchrun. A compiled run compiles it now, by a step on
+    `example` that leaves no gradients and the RNGs as they were; a failed compile is one note, and runs eager."""
     module = model
     if rt.choices.compile:
         when, rng = "wrapping the model", capture_rng_state()
