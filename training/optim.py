@@ -70,6 +70,10 @@ class Chain:
     def param_groups(self) -> list[dict[str, Any]]:
         return [g for opt in self.optimizers for g in opt.param_groups]
 
+    @property
+    def state(self) -> dict:
+        return {k: v for opt in self.optimizers for k, v in opt.state.items()}
+
     def step(self, closure=None) -> None:
         for opt in self.optimizers:
             opt.step()
