@@ -1,12 +1,4 @@
-"""When a run stops: its wall-clock budget (--max-time, TimeBudget) and stop signals (StopSignal).
-
-    budget = TimeBudget(limit=45.0, started=t_start, final_estimate=lambda step_s: ...)
-    budget.begin()                      # the training loop starts: start-up is paid
-    progress = budget.progress()        # share of the training time used (may pass 1), for the lr schedule
-    budget.record(step_seconds)         # after each step
-    if budget.out_of_time(): ...        # the next step plus the final eval + save would overrun
-    budget.record_final(seconds)        # an eval + save was timed: use it instead of the estimate
-"""
+"""When a run stops: its wall-clock budget (--max-time, TimeBudget) and stop signals (StopSignal)."""
 
 from __future__ import annotations
 
@@ -18,22 +10,22 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
-RECENT_STEPS = 21  # their median is "a step now": one slow step cannot move it, a change of pace can
+RECENT_STEPS = 21  # their median is "a step now": one slow step cannot move it, but a change of pace can
 RESERVE_MARGIN = 1.2  # overrunning the limit is worse than one step less, and estimates are rough
 
 
 class TimeBudget:
-    """--max-time: `limit` seconds from `started` (a clock() reading) with the final eval + save reserved
-    (final_estimate(step_seconds) until one was timed), both costs from the median of recent steps."""
+    """--max-time: `limit` seconds from `started` (a clock() reading), with the final eval + save reserved.
+    The loop calls begin() when start-up is paid, record() after each step, and stops when out_of_time().
+    The reserve is final_estimate(the median of recent steps) until record_final() gives a measured cost."""
 
     def __init__(self, limit: float, started: float, final_estimate: Callable[[float], float],
                  clock: Callable[[], float] = time.time) -> None:
         self.limit, self.started, self.loop_started, self.clock = limit, started, started, clock
         self.final_estimate = final_estimate
-        self.final_cost: float | None = None  # measured, by record_final
+        self.final_cost: float | None = None
         self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
 
     def begin(self) -> None:
@@ -52,6 +44,7 @@ class TimeBudget:
         return RESERVE_MARGIN * (self.final_estimate(self.step_time()) if self.final_cost is None else self.final_cost)
 
     def progress(self) -> float:
+        """The share of the training time used, for the lr schedule; it may pass 1."""
         available = self.limit - (self.loop_started - self.started) - self.reserve()
         return (self.clock() - self.loop_started) / max(available, 1e-3)
 
@@ -60,7 +53,7 @@ class TimeBudget:
 
 
 # Each asks the run to stop and keep its work: Ctrl-C, a kill, SLURM's or Grid Engine's warning, a CPU-time limit,
-# a closed terminal, the reader of our output leaving (`| head`). One the run started ignoring (nohup) stays ignored.
+# a closed terminal, or the reader of our output leaving (`| head`). One the run started ignoring (nohup) stays so.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGXCPU, signal.SIGHUP,
                 signal.SIGPIPE)
 
@@ -71,7 +64,7 @@ class Stopped(Exception):
 
 class StopSignal:
     """A stop signal lets the loop finish its step, save, evaluate and exit, but ends cut_short's work at once.
-    A second Ctrl-C quits at once, or after the save being written (if escalate: torchrun repeats signals)."""
+    With escalate (off under torchrun, which repeats signals), a second Ctrl-C quits at once, or after a save."""
 
     def __init__(self, escalate: bool) -> None:
         self.name: str | None = None
@@ -80,13 +73,13 @@ class StopSignal:
 
     def __enter__(self) -> StopSignal:
         if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:  # Python itself ignores SIGPIPE, so that one was not the user's choice
+            for sig in STOP_SIGNALS:  # Python itself ignores SIGPIPE, so ignoring it was not the user's choice
                 if signal.getsignal(sig) is not signal.SIG_IGN or sig == signal.SIGPIPE:
                     self.previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.abrupt:  # cut_short's caller says what was stopped
+        if self.abrupt:  # cut_short's caller tells what was stopped
             self.name, self.abrupt = self.name or signal.Signals(signum).name, False
             raise Stopped
         if self.name and self.escalate and signum == signal.SIGINT:
@@ -98,7 +91,7 @@ class StopSignal:
             print(f"\n{self.name}: finishing this step, then save + eval (Ctrl-C again to quit without saving)",
                   file=sys.stderr, flush=True)
 
-    def cut_short(self, work: Callable[[], T]) -> T | None:
+    def cut_short(self, work: Callable[[], Any]) -> Any:
         """work(), or None if a stop signal came before it ended: for work whose result is not saved."""
         self.abrupt = True
         try:
@@ -125,6 +118,6 @@ class StopSignal:
 
 
 def exit_code(stopped: str) -> int:
-    """A shell's code for a stop by signal: 128 + its number (quit, a second Ctrl-C: SIGINT's); else 0."""
+    """A shell's exit code for a stop by signal, 128 + its number (a quit is SIGINT's), else 0."""
     name = "SIGINT" if stopped == "quit" else stopped
     return 128 + signal.Signals[name] if name in signal.Signals.__members__ else 0

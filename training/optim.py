@@ -1,7 +1,7 @@
-"""Optimizers and the learning-rate schedule: --optimizer adamw or muon.
+"""Optimizers and the learning-rate schedule for --optimizer adamw or muon.
 
-adamw: weight decay on matrices only. muon: Muon on the transformer blocks' matrices (every direction of a matrix
-learns at the same rate: docs/performance.md), AdamW on the rest, decoupled weight decay on every matrix."""
+AdamW decays matrices only. With muon, Muon updates the blocks' matrices, so that every direction of a matrix
+learns at the same rate (docs/performance.md), AdamW the rest, and every matrix gets decoupled weight decay."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import torch
 
 @torch.no_grad()
 def orthogonalize(update: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Approximately U V^T for each matrix update = U S V^T (batched over leading dims): a quintic Newton-Schulz
-    iteration that pushes every singular value into about [0.7, 1.2] in 5 steps, which is enough for a step."""
+    """About U V^T for each matrix update = U S V^T, batched over leading dims. This quintic Newton-Schulz
+    iteration pushes every singular value into about [0.7, 1.2] in 5 steps, which is enough for a step."""
     a, b, c = 3.4445, -4.7750, 2.0315
     x = update.to(dtype).reshape(-1, *update.shape[-2:])
-    if tall := x.size(-2) > x.size(-1):  # iterate on the wide orientation: x @ x^T is the smaller Gram matrix
+    if tall := x.size(-2) > x.size(-1):  # the wide orientation makes x @ x^T the smaller Gram matrix
         x = x.mT
-    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # singular values <= 1: the basin
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # singular values <= 1, where the iteration converges
     for _ in range(steps):
         gram = x @ x.mT
         # x <- a x + (b gram + c gram^2) x, each sum fused into its matmul (docs/performance.md)
@@ -28,7 +28,7 @@ def orthogonalize(update: torch.Tensor, steps: int = 5, dtype: torch.dtype = tor
 
 
 class Muon(torch.optim.Optimizer):
-    """SGD with Nesterov momentum whose update is orthogonalized, for 2-D weights; steps scale by
+    """SGD with Nesterov momentum whose update is orthogonalized, for 2-D weights. Steps scale by
     sqrt(max(1, rows / cols)) so that tall and wide matrices move their outputs alike."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
@@ -53,7 +53,7 @@ class Muon(torch.optim.Optimizer):
             updates = torch._foreach_add(grads, bufs, alpha=mu) if group["nesterov"] else bufs
             if group["weight_decay"]:
                 torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-            for shape in dict.fromkeys(p.shape for p in params):  # one batched Newton-Schulz per shape: fewer matmuls
+            for shape in dict.fromkeys(p.shape for p in params):  # one batched Newton-Schulz per shape
                 idx = [i for i, p in enumerate(params) if p.shape == shape]
                 directions = orthogonalize(torch.stack([updates[i] for i in idx]), group["ns_steps"], self.ns_dtype)
                 scale = max(1.0, shape[0] / shape[1]) ** 0.5
@@ -96,8 +96,8 @@ class Chain:
 
 
 def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool, dtype: torch.dtype = torch.float32) -> Chain:
-    """The optimizer for cfg.optimizer, each param group's peak rate kept as "base_lr" for set_lr. fused: AdamW's
-    one-kernel step; dtype: the run's compute dtype, which Muon's Newton-Schulz uses too."""
+    """The optimizer for cfg.optimizer, each param group's peak rate kept as "base_lr" for set_lr. `fused` picks
+    AdamW's one-kernel step; `dtype` is the run's compute dtype, which Muon's Newton-Schulz uses too."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights once
     hidden = [p for n, p in named if cfg.optimizer == "muon" and p.dim() == 2 and ".h." in n]
     rest = [p for n, p in named if not any(p is q for q in hidden)]
@@ -105,7 +105,7 @@ def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool, dtype:
                    {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
     adam = torch.optim.AdamW([g for g in adam_groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                              fused=fused)
-    # decoupled weight decay on Muon's matrices too: a lower val loss on small (docs/performance.md)
+    # decoupled weight decay on Muon's matrices too gave a lower val loss on small (docs/performance.md)
     muon = [Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
                  ns_dtype=dtype)] if hidden else []
     chain = Chain(adam, *muon)
@@ -115,17 +115,16 @@ def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool, dtype:
 
 
 def lr_multiplier(step: int, progress: float, cfg: Any) -> float:
-    """Fraction of the peak learning rate at step `step` (0-based): linear warmup, then cfg.lr_schedule by
-    `progress`, the share of the run done (steps, or --max-time's clock if further along)."""
+    """The fraction of the peak learning rate at step `step` (0-based): a linear warmup, then cfg.lr_schedule by
+    `progress`, the share of the run done (by steps, or by --max-time's clock if that is further along)."""
     if step < cfg.warmup_iters:
         return (step + 1) / (cfg.warmup_iters + 1)
     if cfg.lr_schedule == "constant":
         return 1.0
     floor = cfg.min_lr / cfg.lr if cfg.lr else 0.0
     progress = min(max(progress, 0.0), 1.0)
-    if cfg.lr_schedule == "wsd":
-        decay = min(1.0, max(0.0, (progress - (1 - cfg.decay_frac)) / cfg.decay_frac))
-        return 1.0 - decay * (1.0 - floor)
+    if cfg.lr_schedule == "wsd":  # flat, then linear to the floor over the last decay_frac of the run
+        return 1.0 - max(0.0, (progress - (1 - cfg.decay_frac)) / cfg.decay_frac) * (1.0 - floor)
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - floor)
 
 

@@ -2,12 +2,12 @@
 
     python train.py --config gpt2 --plan --gpu a100-40gb --n-layer 24 --n-embd 1024 --n-head 16
 
-The model is built on the meta device (shapes only). Each term of the estimate, and how it was
-checked against measured peaks (benchmarks/memory.py, tests/test_plan.py): docs/planning.md.
+docs/planning.md explains each term of the estimate and how it was checked against measured peaks.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import re
@@ -27,23 +27,24 @@ from training.runtime import GPUS
 
 F32 = 4  # bytes of a float32: parameters, gradients, optimizer state, the residual stream
 GiB = 2**30
-USABLE = 0.9  # share of a GPU's memory to plan on: the CUDA context and the allocator's fragmentation take the rest
+USABLE = 0.9  # the share of a GPU's memory to plan on: the CUDA context and the allocator's fragments take the rest
 DEFAULT_MFU = 0.3  # what nanoGPT's GPT-2 runs reach; tiny models reach far less (docs/planning.md)
 ADVICE = "use --batch-size auto, a smaller --block-size or a smaller model"
 
 
 def meta_model(cfg: TrainConfig, vocab_size: int) -> GPT:
+    """cfg's model on the meta device, which holds shapes only."""
     try:
         with torch.device("meta"):
             return GPT(cfg.model_config(vocab_size))
-    except RuntimeError as e:  # a weight of more bytes than an int64 counts: no plan, no device holds it
+    except RuntimeError as e:  # a weight of more bytes than an int64 counts, which no device holds
         raise UserError(f"this model is too big to plan, let alone train ({first_line(e)}); use a smaller "
                         "--n-embd, --n-layer or --vocab-size") from None
 
 
 def activation_bytes(mc: GPTConfig, batch: int, seq: int, low_precision: bool, compiled: bool) -> int:
-    """Bytes that grow with the batch at the peak (the start of the backward): what each layer
-    saves for the backward, plus the largest transient on top. Term by term: docs/planning.md."""
+    """The bytes at the peak that grow with the batch: what each layer saves for the backward, plus the
+    backward's largest transient."""
     a = 2 if low_precision else F32
     copy = a if low_precision else 0  # autocast's low-precision copy of an fp32 tensor
     C, H, V, nh = mc.n_embd, mc.mlp_ratio * mc.n_embd, mc.vocab_size, mc.n_head
@@ -101,9 +102,9 @@ class Estimate:
                    muon_group=max((shape.numel() * n for shape, n in shapes.items()), default=0))
 
     def memory(self, batch: int) -> dict[str, int]:
-        """Peak bytes per process by part. Their "total" is what lives throughout (gradients too, as from the
-        second micro-step on) plus the largest of: the autocast copies with the activations, the compiled
-        backward and Muon's step (both come after the activations are freed)."""
+        """Peak bytes per process by part. The "total" is what lives throughout (gradients too, as from the second
+        micro-step on) plus the largest of the activations with the autocast copies, the compiled backward and
+        Muon's step, since the last two come after the activations are freed."""
         mc, low = self.config, self.low_precision
         a, VC = (2 if low else F32), mc.vocab_size * mc.n_embd
         parts = {
@@ -125,14 +126,12 @@ class Estimate:
         return parts
 
     def largest_batch(self, budget: float, divides: int = 0) -> int:
-        """The largest micro-batch whose peak fits in budget bytes (0 if none); with divides, the
-        largest divisor of that number, so gradient accumulation keeps the global batch."""
-        best, over = 0, 1  # memory grows with the batch: double past the budget, then bisect
+        """The largest micro-batch whose peak fits in budget bytes (0 if none). With divides, the largest divisor
+        of `divides` up to that, so that gradient accumulation keeps the global batch."""
+        over = 1  # memory grows with the batch: double past the budget, then bisect
         while self.memory(over)["total"] <= budget:
-            best, over = over, 2 * over
-        while over - best > 1:
-            mid = (best + over) // 2
-            best, over = (mid, over) if self.memory(mid)["total"] <= budget else (best, mid)
+            over *= 2
+        best = max(0, bisect.bisect_right(range(over), budget, key=lambda b: self.memory(b)["total"]) - 1)
         if divides:
             best = max((d for d in range(1, min(best, divides) + 1) if divides % d == 0), default=0)
         return best
@@ -160,8 +159,8 @@ def least_free(rt: Any) -> float:
 
 
 def check_fits(cfg: TrainConfig, vocab_size: int, rt: Any) -> None:
-    """Refuse a run whose estimated peak exceeds the free memory, before the model is built (its masks alone
-    take block_size^2 bytes a layer): otherwise the kernel kills it unannounced, or CUDA fails."""
+    """Refuse a run whose estimated peak exceeds the free memory before the model is built, since its masks alone
+    take block_size^2 bytes a layer: otherwise the kernel kills it unannounced, or CUDA fails."""
     try:
         free = math.inf if rt.device == "mps" else least_free(rt)
     except (OSError, ValueError):  # neither MemAvailable nor sysconf's page count
@@ -174,8 +173,8 @@ def check_fits(cfg: TrainConfig, vocab_size: int, rt: Any) -> None:
 
 
 def out_of_memory(e: BaseException, device: str, ckpt: Path | None = None) -> UserError | None:
-    """The one line for an allocation that failed anyway (the plan is an estimate); None for any
-    other error, which keeps its traceback. Saves are atomic, so a checkpoint on disk is whole."""
+    """The one line for an allocation that failed anyway, or None for any other error, which keeps its traceback.
+    Saves are atomic, so a checkpoint on disk is whole."""
     # the CPU allocator's error (torch 2.13) is a plain RuntimeError: only its text tells it apart
     if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "DefaultCPUAllocator: can't allocate memory" in str(e):
         return UserError(f"out of memory on {device} ({first_line(e)}); {ADVICE}"
@@ -184,7 +183,7 @@ def out_of_memory(e: BaseException, device: str, ckpt: Path | None = None) -> Us
 
 
 def sequences_per_step(cfg: TrainConfig, nproc: int) -> int:
-    """Sequences each process handles per optimizer step (micro-batch x accumulation)."""
+    """The sequences each process handles per optimizer step (micro-batch x accumulation)."""
     if not cfg.batch_size and not cfg.tokens_per_step:
         raise UserError("--batch-size auto keeps --tokens-per-step by gradient accumulation: give it too "
                         f"(e.g. --tokens-per-step {64 * cfg.block_size * nproc})")
@@ -193,8 +192,8 @@ def sequences_per_step(cfg: TrainConfig, nproc: int) -> int:
 
 
 def auto_batch_size(cfg: TrainConfig, model: GPT, rt: Any) -> TrainConfig:
-    """--batch-size auto (batch_size 0): the largest micro-batch that fits USABLE of the free memory
-    and divides this process's share of tokens_per_step. Prints what and why."""
+    """--batch-size auto (batch_size 0): the largest micro-batch that fits USABLE of the free memory and divides
+    this process's share of tokens_per_step. It prints what it chose and why."""
     share, free = sequences_per_step(cfg, rt.world_size), least_free(rt)
     est = Estimate.of(model, cfg, rt.dtype != torch.float32, rt.world_size)
     fit = est.largest_batch(USABLE * free, divides=share)
@@ -212,8 +211,8 @@ def auto_batch_size(cfg: TrainConfig, model: GPT, rt: Any) -> TrainConfig:
 
 
 def gpu_spec(name: str) -> tuple[str, int, float]:
-    """(label, memory bytes, dense bf16 FLOP/s) for --gpu NAME: a runtime.GPUS name in any case, "RTX "
-    optional (h100, a100, 4090), with another memory size as a100-40gb or h100-94gb."""
+    """(label, memory bytes, dense bf16 FLOP/s) for --gpu NAME: a runtime.GPUS name in any case, "RTX " optional
+    (h100, a100, 4090), with another memory size as in a100-40gb."""
     short = {k: k.lower().removeprefix("rtx ") for k in GPUS}
     match = re.fullmatch(r"(?:rtx)?(.+?)(?:-(\d+)gb)?", name.lower().replace(" ", ""))
     key = next((k for k, s in short.items() if match and match[1] == s), None)
@@ -222,10 +221,6 @@ def gpu_spec(name: str) -> tuple[str, int, float]:
                         "(a100-40gb: another size)")
     flops, gb = GPUS[key][0], int(match[2] or GPUS[key][1])
     return f"{key} {gb}GB", gb * GiB, flops
-
-
-def _count(n: float) -> str:
-    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,.0f}"
 
 
 def _duration(seconds: float) -> str:
@@ -250,7 +245,7 @@ def plan_report(cfg: TrainConfig, vocab_size: int, gpu: str, nproc: int, mfu: fl
             else f"nothing: one sequence needs {est.memory(1)['total'] / GiB:.1f} GiB")
     return "\n".join([
         f"plan for {cfg.name} on {nproc} x {label} ({peak / 1e12:.0f} TFLOP/s dense bf16); estimates only",
-        f"parameters    {_count(est.params)} = {_count(embedding)} embedding + {_count(est.params - embedding)} other",
+        f"parameters    {est.params:,} = {embedding:,} embedding + {est.params - embedding:,} other",
         f"FLOPs         {flops / 1e6:,.1f} MFLOP per token (6 per matmul weight + attention: MFU's count)",
         f"batch         {tokens:,} tokens/step = {B} sequences x {T} tokens x {nproc} "
         f"process{'es' if nproc > 1 else ''} x {share // B} accumulation",
@@ -259,7 +254,6 @@ def plan_report(cfg: TrainConfig, vocab_size: int, gpu: str, nproc: int, mfu: fl
         *(f"  {k:<24}{v / unit:8.2f}" for k, v in mem.items() if v and k != "total"),
         f"  {'peak':<24}{mem['total'] / unit:8.2f}  of {budget / unit:,.1f} usable ({USABLE:.0%} of "
         f"{capacity / GiB:.0f} GiB): {'fits' if mem['total'] <= budget else 'does NOT fit'}",
-        "  (peak = the rows above the copies + max(copies + activations, each row after))",
         f"fits          {fits}",
         f"time          {_duration(step)}/step, {tokens / step:,.0f} tokens/s; max_iters {cfg.max_iters:,} = "
         f"{_duration(step * cfg.max_iters)} at {mfu:.0%} MFU (--mfu to change)",

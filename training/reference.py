@@ -1,14 +1,13 @@
-"""Reference loss bands: what a run of a named config looks like over several seeds.
+"""Reference loss bands: the min and max of a named config's train and val loss over several seeds.
 
-configs/reference/<config>.json (`python -m benchmarks reference --config small --seeds 5`) holds
-the min-max over seeds of train and val loss at each eval step, the config behind it and the
-command, machine, dtype and date. A run whose config matches one in every field that shapes the
-loss curve is drawn over its band and hears about an eval clearly outside it.
+`python -m benchmarks reference --config small` writes configs/reference/small.json. A run whose config matches one
+in every field that shapes the loss curve is drawn over its band, and hears about an eval clearly outside it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,14 +18,13 @@ from configs import BASE
 
 REFERENCE_DIR = Path(__file__).resolve().parent.parent / "configs" / "reference"
 
-# Fields a run may differ in and still be compared: they leave the loss curve alone, within
-# the seed spread (docs/training.md).
+# A run may differ in these fields and still be compared: they move the loss curve less than seeds do.
 MATCH_IGNORES = frozenset({"name", "out_dir", "data_root", "resume", "seed", "eval_interval", "log_interval",
                            "sample_tokens", "attention", "device", "dtype", "compile", "threads", "wandb",
                            "wandb_project", "wandb_run_name"})
 
-# "Clearly outside" is a band width beyond the band's edge, and never closer than MIN_MARGIN: a
-# new seed lands outside n seeds' min-max range often (docs/training.md), and machines differ slightly.
+# "Clearly outside" is more than a band width beyond the band's edge, and never closer than MIN_MARGIN: a new seed
+# often lands just outside the range of n seeds (docs/training.md), and machines differ slightly.
 MIN_MARGIN = 0.02
 
 
@@ -43,31 +41,26 @@ class Reference:
 
     @classmethod
     def matching(cls, cfg: dict[str, Any], world_size: int = 1) -> Reference | None:
-        """The reference whose config shapes the loss curve exactly as cfg does, if one does.
-        cfg is the run's resolved config (vocab_size set), as its config.json records it."""
+        """The reference whose config shapes the loss curve as cfg (a run's resolved config.json) does, if any."""
         refs = (cls.load(path) for path in sorted(REFERENCE_DIR.glob("*.json")))
         return next((ref for ref in refs if not ref.mismatches(cfg, world_size)), None)
 
     def mismatches(self, cfg: dict[str, Any], world_size: int = 1) -> list[str]:
-        """The fields (outside MATCH_IGNORES) in which cfg differs from the reference's config.
-        A field newer than the reference matches at its default (which kept the old behaviour).
-        tokens_per_step compares the global batch: 0 means one micro-batch per process, and the
-        reference ran in one process."""
+        """The fields outside MATCH_IGNORES in which cfg differs; a field newer than the reference matches at its
+        default. tokens_per_step compares the global batch, since 0 means one micro-batch per process."""
         ours, theirs = _global_batch(cfg, world_size), BASE.to_dict() | _global_batch(self.data["config"], 1)
         return [k for k in sorted(ours) if k not in MATCH_IGNORES and theirs.get(k) != ours[k]]
 
     def band(self, step: int) -> tuple[float, float] | None:
-        """(min, max) of val loss at step, linear between the reference's eval steps; None outside them."""
+        """The (min, max) of val loss at step, linear between the eval steps; None outside them."""
         steps, val = self.data["band"]["step"], self.data["band"]["val_loss"]
         if not steps[0] <= step <= steps[-1]:
             return None
         return float(np.interp(step, steps, val["min"])), float(np.interp(step, steps, val["max"]))
 
     def check(self, step: int, val_loss: float) -> str | None:
-        """One line when the eval's val loss is clearly outside the band (see MIN_MARGIN), else None."""
-        if (band := self.band(step)) is None:
-            return None
-        lo, hi = band
+        """A note when the eval's val loss is clearly outside the band, else None."""
+        lo, hi = self.band(step) or (-math.inf, math.inf)  # no band, no note
         margin = max(hi - lo, MIN_MARGIN)
         if lo - margin <= val_loss <= hi + margin:
             return None

@@ -19,21 +19,21 @@ if TYPE_CHECKING:
 
 
 def _reason(e: Exception) -> str:
-    """wandb's error in a line: a settings error (pydantic's, for a misspelt WANDB_MODE) holds it in errors(),
+    """wandb's error in a line. A settings error (pydantic's, for a misspelt WANDB_MODE) holds it in errors(),
     whose text only counts them; any other error's first line says it."""
     try:
         return "; ".join(f"{d['loc'][0]}={d['input']!r}: {d['msg']}" for d in e.errors()) or first_line(e)
-    except Exception:  # no errors(), or not pydantic's shape: this is only the message of another failure
+    except Exception:  # no errors(), or not pydantic's shape: this message must not fail itself
         return first_line(e)
 
 
 class RunLog:
-    """One run's metrics.jsonl, loss.png and wandb run. On resume, lines past the checkpoint's step are dropped
-    (the run redoes those steps) and wandb gets exactly the steps it lacks."""
+    """One run's metrics.jsonl, loss.png and wandb run. On resume, lines past the checkpoint's step are dropped,
+    since the run redoes those steps, and wandb gets exactly the steps it lacks. `started` is a time.time()."""
 
     def __init__(self, out_dir: Path, started: float, resume_step: int | None = None,
                  reference: Reference | None = None) -> None:
-        self.out_dir, self.started, self.reference = Path(out_dir), started, reference  # started: a time.time()
+        self.out_dir, self.started, self.reference = Path(out_dir), started, reference
         self.path = self.out_dir / "metrics.jsonl"
         self.records: list[dict[str, Any]] = []
         if resume_step is not None and self.path.exists():
@@ -42,7 +42,7 @@ class RunLog:
                     rec = json.loads(line)
                     if rec.get("step", 0) <= resume_step:
                         self.records.append(rec)
-        if self.records or self.path.exists():  # a new folder stays empty until a record comes
+        if self.records or self.path.exists():  # a new folder stays empty until the first record
             with write_errors(self.path), open(self.path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in self.records)
         self.wandb: Any = None
@@ -50,14 +50,14 @@ class RunLog:
         self.samples: list[list[Any]] = []
 
     def start_wandb(self, project: str, name: str, config: dict[str, Any], run_id: str | None) -> str:
-        """Start (or continue, given run_id) a wandb run in out_dir/wandb (or $WANDB_DIR); returns its id."""
+        """Start a wandb run, or continue run_id, in out_dir/wandb (or $WANDB_DIR), and return its id."""
         try:
             import wandb
         except ImportError:
             raise UserError("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
-        # None: wandb's own choice (WANDB_MODE, its settings, else online); offline needs no account
+        # None leaves it to wandb (WANDB_MODE, its settings, else online); offline needs no account
         mode = None if "WANDB_MODE" in os.environ or os.environ.get("WANDB_API_KEY") else "offline"
-        with contextlib.suppress(Exception):  # an older wandb without prompt=, or a broken settings file: no key
+        with contextlib.suppress(Exception):  # an older wandb without prompt=, or a broken settings file, means no key
             mode = mode and (None if wandb.login(prompt=False, verify=False) else mode)
         try:  # before the run writes a file or trains a step: a run the user asked to track is tracked or not started
             self.wandb = wandb.init(project=project or os.environ.get("WANDB_PROJECT") or "gpt", name=name,
@@ -66,7 +66,7 @@ class RunLog:
         except Exception as e:  # no key, a bad WANDB_MODE, no network, a folder it cannot write, ...
             raise UserError(f"--wandb: wandb did not start ({_reason(e)}); fix that, or run with WANDB_MODE=offline "
                             "(no account needed) or without --wandb") from None
-        # after a kill -9 only wandb knows what it holds: steps below starting_step (0 offline: docs/training.md)
+        # after a kill -9 only wandb knows what it holds: the steps below starting_step (0 offline: docs/training.md)
         self.wandb_from = self.wandb.starting_step
         for record in self.records:
             self._send(record)
@@ -85,7 +85,7 @@ class RunLog:
         if self.wandb is not None and record["step"] >= self.wandb_from:  # wandb drops a lower step anyway
             with self._wandb_may_fail():
                 self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None}, step=record["step"])
-                if "val_loss" in record:  # the summary keeps each key's last value, and this: the runs table shows both
+                if "val_loss" in record:  # the summary keeps each key's last value, and this too
                     self.wandb.summary["best_val_loss"] = min(r["val_loss"] for r in self.records if "val_loss" in r)
 
     def log_sample(self, step: int, text: str) -> None:
@@ -98,7 +98,7 @@ class RunLog:
 
     @contextlib.contextmanager
     def _wandb_may_fail(self) -> Iterator[None]:
-        """wandb failing mid-run is a note and the run goes on without it: metrics.jsonl holds every record."""
+        """wandb failing mid-run is a note, and the run goes on without it, since metrics.jsonl holds every record."""
         try:
             yield
         except Exception as e:
@@ -107,19 +107,19 @@ class RunLog:
             self.wandb = None
 
     def plot(self, force: bool = True) -> None:
-        """Train and val loss against step in loss.png; force=False redraws at most every 30 s (not free on a CPU)."""
+        """Train and val loss against step in loss.png. force=False redraws at most every 30 s: not free on a CPU."""
         if not force and time.time() - self.plotted_at < 30:
             return
         self.plotted_at = time.time()
         failing = sys.exc_info()[1] is not None  # called from a `finally` while an error is on its way out
         try:
             self._plot()
-        except Exception as e:  # a full disk, a bad MPLBACKEND, a name its fonts cannot show: not worth a run
+        except Exception as e:  # a full disk, a bad MPLBACKEND or a name its fonts cannot show is not worth a run
             if not failing:
                 print(f"note: {e}" if isinstance(e, UserError) else "note: loss.png not drawn: matplotlib failed "
                       f"({first_line(e, 100)}); check its settings (MPLBACKEND, matplotlibrc)", file=sys.stderr)
         finally:
-            self.plot_cost = time.time() - self.plotted_at  # for max_time's reserve
+            self.plot_cost = time.time() - self.plotted_at  # for --max-time's reserve
 
     def _plot(self) -> None:
         try:
@@ -151,11 +151,11 @@ class RunLog:
             plt.close(fig)
 
     def _series(self, key: str) -> tuple[list[int], list[float]]:
-        pts = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]
-        return [p[0] for p in pts], [p[1] for p in pts]
+        rows = [r for r in self.records if r.get(key) is not None]
+        return [r["step"] for r in rows], [r[key] for r in rows]
 
     def close(self, exit_code: int = 0) -> None:
-        """exit_code != 0 marks the wandb run as failed."""
+        """Finish the wandb run, as failed if exit_code != 0."""
         if self.wandb is not None:
             with self._wandb_may_fail():
                 self.wandb.finish(exit_code=exit_code)
