@@ -65,21 +65,20 @@ def load_hf_gpt2(path: str | Path, **overrides) -> GPT:
     hf = json.loads((path / "config.json").read_text())
     if hf.get("model_type", "gpt2") != "gpt2":
         raise UserError(f"{path}: model_type is {hf.get('model_type')!r}; only GPT-2 checkpoints can be loaded")
-    config = GPTConfig(
+    model = GPT(GPTConfig(
         vocab_size=hf["vocab_size"], n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
         block_size=hf.get("n_positions", hf.get("n_ctx", 1024)),
         mlp_ratio=(hf.get("n_inner") or 4 * hf["n_embd"]) // hf["n_embd"],
         norm_eps=hf.get("layer_norm_epsilon", 1e-5), tie_weights=hf.get("tie_word_embeddings", True),
         **{**GPT2_ARCH, **overrides},
-    )
-    model = GPT(config)
+    ))
     ours = model.state_dict()
     theirs = {}
     for key, tensor in _read_state_dict(path).items():
         key = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
         if not key.endswith((".attn.bias", ".attn.masked_bias")):  # old HF versions saved their causal mask
             theirs[key] = tensor.t() if key.endswith(_CONV1D) else tensor
-    if config.tie_weights:
+    if model.config.tie_weights:
         theirs.setdefault("lm_head.weight", theirs["transformer.wte.weight"])
     missing, unexpected = set(ours) - set(theirs), set(theirs) - set(ours)
     if missing or unexpected:
@@ -205,28 +204,24 @@ def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_
     return path
 
 
-def _check_target(out: Path, run: str | Path, source: Path) -> None:
-    """Refuse out unless it is new, empty or only an earlier export of this run (its manifest's exported_from)."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out} is a file; export {run} into an empty or new directory")
-    names = {p.name for p in out.iterdir()} if out.exists() else set()
-    try:
-        mine = (out / json.loads((out / "manifest.json").read_text())["exported_from"]).resolve() == source
-    except (OSError, ValueError, KeyError, TypeError):  # no manifest.json, not JSON, not an export
-        mine = False
-    if foreign := sorted(names - _EXPORT_FILES if mine else names):
-        raise UserError(f"{out} holds files that are not an earlier export of {run} ({', '.join(foreign[:4])}): "
-                        f"export {run} into another directory, an empty or new one")
-
-
 def export_run(run: str | Path, out: str | Path) -> Path:
     """A run directory (its best.pt, else ckpt.pt) or a .pt file as a HF directory: weights, configs, the
     tokenizer and our manifest.json. out is new, empty or an earlier export of this run, and is replaced whole."""
     from data.tokenizer import save_hf_tokenizer, tokenizer_from_manifest
 
     ckpt_path, target = find_checkpoint(run, best=True).resolve(), Path(out).resolve()
+    out = Path(out)
     source = ckpt_path.parent if ckpt_path.name in (CKPT_NAME, BEST_NAME) else ckpt_path  # a run, or a lone .pt
-    _check_target(Path(out), run, source)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file; export {run} into an empty or new directory")
+    try:  # an earlier export of this run names it in its manifest.json
+        mine = (out / json.loads((out / "manifest.json").read_text())["exported_from"]).resolve() == source
+    except (OSError, ValueError, KeyError, TypeError):  # no manifest.json, not JSON, not an export
+        mine = False
+    names = {p.name for p in out.iterdir()} if out.exists() else set()
+    if foreign := sorted(names - _EXPORT_FILES if mine else names):
+        raise UserError(f"{out} holds files that are not an earlier export of {run} ({', '.join(foreign[:4])}): "
+                        f"export {run} into another directory, an empty or new one")
     model, ckpt = load_model(ckpt_path)
     manifest = pretrained_manifest(ckpt_path, ckpt)
     tok = tokenizer_from_manifest(manifest)
@@ -240,7 +235,7 @@ def export_run(run: str | Path, out: str | Path) -> Path:
         except (ValueError, OSError):  # not a pid, or another user's running process
             pass
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    with write_errors(Path(out)):
+    with write_errors(out):
         try:
             save_hf_tokenizer(tok, tmp, model.config.block_size)
             save_hf_gpt2(model, tmp, eot_id=tok.eot_id, vocab_size=tok.vocab_size)
@@ -248,7 +243,7 @@ def export_run(run: str | Path, out: str | Path) -> Path:
             swap_dir(tmp, target)  # the earlier export, if any, is now at tmp
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return Path(out)
+    return out
 
 
 @entry_point
