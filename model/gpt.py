@@ -66,7 +66,8 @@ class GPT(nn.Module):
         ))
         if config.pos_emb == "learned":
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
-        self.rotary = Rotary(config.head_size, config.block_size, config.rope_base) if config.pos_emb == "rope" else None
+        rope = config.pos_emb == "rope"
+        self.rotary = Rotary(config.head_size, config.block_size, config.rope_base) if rope else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
@@ -98,10 +99,11 @@ class GPT(nn.Module):
         matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         return 6 * matmul_params + 12 * self.config.n_layer * self.config.n_embd * T
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, padding_mask: torch.Tensor | None = None,
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
+                padding_mask: torch.Tensor | None = None,
                 kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits (B, T, V), loss or None); targets of -1 are left out of the loss.
-        padding_mask (B, T), True = real token, gives a left-padded row the logits of the row unpadded."""
+        padding_mask (B, T), True at real tokens, gives a left-padded row the logits of the row unpadded."""
         x = self.trunk(idx, padding_mask, kv_cache)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, C) -> (B, T, V)
         if targets is None:
@@ -110,8 +112,8 @@ class GPT(nn.Module):
 
     def trunk(self, idx: torch.Tensor, padding_mask: torch.Tensor | None = None,
               kv_cache: KVCache | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
-        """Everything before the final norm: (B, T) ids -> residual stream (B, T, C).
-        With kv_cache the tokens go to its next slots, or to `slots` (T,) a compiled step claimed."""
+        """Everything before the final norm: (B, T) ids -> residual stream (B, T, C). With kv_cache the
+        tokens go to its next slots, or to the slots (T,) that a compiled step claimed."""
         B, T = idx.size()
         if kv_cache is not None:  # the cache's attn_mask carries the padding from here on
             pos = kv_cache.begin(kv_cache.claim(T) if slots is None else slots, padding_mask)  # (B, T)

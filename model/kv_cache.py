@@ -19,13 +19,13 @@ DECODE_CHUNK = 4  # tokens per compiled call: amortises its overhead, still comp
 
 
 @torch.no_grad()
-def generate(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             top_p: float | None = None, *, eos_id: int | None = None, padding_mask: torch.Tensor | None = None,
-             generator: torch.Generator | None = None, vocab_size: int | None = None, use_cache: bool = True,
-             compile: bool = False) -> Iterator[torch.Tensor]:
-    """Yield (B,) new token ids, one step at a time, for streaming.
-    idx (B, T) is left-padded where padding_mask is False; logits are cut to vocab_size (a tokenizer's, below a
-    padded model vocabulary). Finished rows repeat eos_id until all have; use_cache=False runs the reference loop."""
+def generate(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, *, eos_id: int | None = None,
+             padding_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
+             vocab_size: int | None = None, use_cache: bool = True, compile: bool = False) -> Iterator[torch.Tensor]:
+    """Yield (B,) new token ids, one step at a time, for streaming. idx (B, T) is left-padded where padding_mask
+    is False; logits are cut to vocab_size (a tokenizer's, below a padded model vocabulary). Finished rows
+    repeat eos_id until all have; use_cache=False runs the reference loop."""
     was_training, done = model.training, torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
     model.eval()
     args = (model, idx, padding_mask, max_new_tokens, temperature, top_k, top_p, generator, vocab_size)
@@ -126,10 +126,10 @@ def cached_decode(model: torch.nn.Module, idx: torch.Tensor, padding_mask: torch
         checked, lens = checked or K > 1, [m + K for m in lens]
 
 
-def decode_steps(model: torch.nn.Module, idx: torch.Tensor, slots: torch.Tensor, cache: KVCache, noise: torch.Tensor | None,
-                 sampling: tuple, vocab_size: int | None) -> torch.Tensor:
-    """One step per slot in slots (K,) from idx (B, 1), step i drawing with noise[i] -> (K, B).
-    Compiled, the loop unrolls: K tokens for one call's overhead."""
+def decode_steps(model: torch.nn.Module, idx: torch.Tensor, slots: torch.Tensor, cache: KVCache,
+                 noise: torch.Tensor | None, sampling: tuple, vocab_size: int | None) -> torch.Tensor:
+    """One step per slot in slots (K,) from idx (B, 1), step i drawing with noise[i] -> (K, B). Compiled, the
+    loop unrolls: K tokens for one call's overhead."""
     toks = []
     for i in range(slots.size(0)):
         x = model.trunk(idx, kv_cache=cache, slots=slots[i : i + 1])
