@@ -55,7 +55,7 @@ def training_steps(cfg: TrainConfig, vocab_size: int, dtype: torch.dtype, accum:
 def check(cfg: TrainConfig, vocab_size: int, dtype: torch.dtype, accum: int = 2) -> dict[str, Any]:
     """The estimate for cfg beside the measured peak. beyond_states_ratio compares what the weights, gradients
     and optimizer states leave: activations and temporaries."""
-    mem = Estimate.of(meta_model(cfg, vocab_size), cfg, dtype != torch.float32).memory(cfg.batch_size)
+    mem = Estimate.of(meta_model(cfg.model_config(vocab_size)), cfg, dtype != torch.float32).memory(cfg.batch_size)
     measured = measured_peak_bytes(lambda: training_steps(cfg, vocab_size, dtype, accum))
     states = sum(mem[k] for k in ("weights and buffers", "gradients", "optimizer states"))  # exact arithmetic
     return {"estimate_mb": round(mem["total"] / 2**20, 3), "measured_mb": round(measured / 2**20, 3),

@@ -61,7 +61,7 @@ def test_one_micro_step_peaks_below_the_estimate():
 
 def test_largest_batch_is_the_last_that_fits_and_divides():
     cfg = load_config("gpt2", ["--n-layer", "24", "--n-embd", "1024", "--n-head", "16"])
-    est = plan.Estimate.of(plan.meta_model(cfg, cfg.vocab_size), cfg, low_precision=True)
+    est = plan.Estimate.of(plan.meta_model(cfg.model_config(cfg.vocab_size)), cfg, low_precision=True)
     budget = 20 * plan.GiB
     fit = est.largest_batch(budget)
     assert est.memory(fit)["total"] <= budget < est.memory(fit + 1)["total"]
@@ -86,7 +86,7 @@ def test_plan_counts_match_the_real_model_and_allocate_nothing(capsys):
 def test_plan_time_follows_flops_and_mfu():
     cfg = load_config("gpt2", ["--max-iters", "10000"])
     report = plan.plan_report(cfg, 50304, "h100", 8, 0.5)
-    flops = plan.meta_model(cfg, 50304).flops_per_token(1024)
+    flops = plan.meta_model(cfg.model_config(50304)).flops_per_token(1024)
     seconds = flops * 524288 / (8 * 989e12 * 0.5)
     assert f"{seconds * 1e3:.1f} ms/step" in report and f"max_iters 10,000 = {seconds * 1e4 / 60:.1f} min" in report
 
@@ -141,7 +141,7 @@ def test_a_run_that_cannot_fit_is_refused_before_the_model_is_built(tmp_path, da
     argv = run_args(tmp_path, data_root, "--block-size", "2048", "--batch-size", "16", "--attention", "explicit")
     cfg = load_config("tiny", argv)
     rt = setup(device="cpu", dtype="auto", seed=None)
-    need = plan.Estimate.of(plan.meta_model(cfg, 65), cfg, rt.dtype != torch.float32).memory(16)["total"]
+    need = plan.Estimate.of(plan.meta_model(cfg.model_config(65)), cfg, rt.dtype != torch.float32).memory(16)["total"]
     assert need > plan.GiB  # the (2048, 2048) attention scores of 16 sequences, per head and layer
     monkeypatch.setattr(plan, "free_memory", lambda device: need / 2)
     monkeypatch.setattr(training.run, "build_model", lambda *a: pytest.fail("built the model"))

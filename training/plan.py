@@ -32,11 +32,11 @@ DEFAULT_MFU = 0.3  # what nanoGPT's GPT-2 runs reach; tiny models reach far less
 ADVICE = "use --batch-size auto, a smaller --block-size or a smaller model"
 
 
-def meta_model(cfg: TrainConfig, vocab_size: int) -> GPT:
-    """cfg's model on the meta device, which holds shapes only."""
+def meta_model(mc: GPTConfig) -> GPT:
+    """The model on the meta device, which holds shapes only."""
     try:
         with torch.device("meta"):
-            return GPT(cfg.model_config(vocab_size))
+            return GPT(mc)
     except RuntimeError as e:  # a weight of more bytes than an int64 counts, which no device holds
         raise UserError(f"this model is too big to plan, let alone train ({first_line(e)}); use a smaller "
                         "--n-embd, --n-layer or --vocab-size") from None
@@ -158,14 +158,14 @@ def least_free(rt: Any) -> float:
     return free.item()
 
 
-def check_fits(cfg: TrainConfig, vocab_size: int, rt: Any) -> None:
+def check_fits(cfg: TrainConfig, mc: GPTConfig, rt: Any) -> None:
     """Refuse a run whose estimated peak exceeds the free memory before the model is built, since its masks alone
     take block_size^2 bytes a layer: otherwise the kernel kills it unannounced, or CUDA fails."""
     try:
         free = math.inf if rt.device == "mps" else least_free(rt)
     except (OSError, ValueError):  # neither MemAvailable nor sysconf's page count
         free = math.inf
-    est = Estimate.of(meta_model(cfg, vocab_size), cfg, rt.dtype != torch.float32, rt.world_size)
+    est = Estimate.of(meta_model(mc), cfg, rt.dtype != torch.float32, rt.world_size)
     need = est.memory(cfg.batch_size or 1)["total"]  # --batch-size auto: its smallest choice
     if need > free:
         raise UserError(f"this run needs about {need / GiB:.1f} GiB (the plan: --plan) but the {rt.device} has "
@@ -233,7 +233,7 @@ def _duration(seconds: float) -> str:
 def plan_report(cfg: TrainConfig, vocab_size: int, gpu: str, nproc: int, mfu: float) -> str:
     """What train.py --plan prints: the size, compute, memory per GPU and time of cfg on nproc x gpu."""
     label, capacity, peak = gpu_spec(gpu)
-    model, T, budget = meta_model(cfg, vocab_size), cfg.block_size, USABLE * capacity
+    model, T, budget = meta_model(cfg.model_config(vocab_size)), cfg.block_size, USABLE * capacity
     est, share = Estimate.of(model, cfg, cfg.dtype != "float32", nproc), sequences_per_step(cfg, nproc)
     fit, keep = est.largest_batch(budget), est.largest_batch(budget, divides=share)
     B = cfg.batch_size or keep or 1  # auto: what it would pick

@@ -45,8 +45,9 @@ def build_model(cfg: TrainConfig, rt: Runtime, manifest: dict[str, Any], ckpt: d
     and cfg with --batch-size auto resolved. Loaded weights keep their own architecture (where it differs from
     cfg's, a note says so); dropout is always cfg's."""
     if not cfg.init_from:  # Pretrained weights bring an architecture that is known only once they load.
-        arch = {k: v for k, v in (ckpt or {}).get("model_config", {}).items() if k in ARCH_FIELDS}
-        check_fits(replace(cfg, **arch), manifest["vocab_size"], rt)  # Building allocates the masks.
+        saved = (ckpt or {}).get("model_config")
+        shape = GPTConfig.from_dict(saved, dropout=cfg.dropout) if saved else cfg.model_config(manifest["vocab_size"])
+        check_fits(cfg, shape, rt)  # Before building, which allocates the masks.
     model = _weights(cfg, manifest, ckpt)
     if cfg.batch_size == 0:  # --batch-size auto is sized from free memory, before the weights move there.
         cfg = auto_batch_size(cfg, model, rt)
