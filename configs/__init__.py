@@ -17,10 +17,9 @@ import importlib
 import json
 import pkgutil
 import sys
-import textwrap
 from argparse import ArgumentTypeError, Namespace
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
@@ -127,12 +126,6 @@ class TrainConfig(GPTConfig):
     @property
     def run_dir(self) -> Path:
         return Path(self.out_dir or f"out/{self.name}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def summary(self) -> str:
-        return textwrap.fill(" ".join(f"{k}={v}" for k, v in self.to_dict().items()), 100, subsequent_indent="  ")
 
 
 FIELDS = tuple(f.name for f in fields(TrainConfig))

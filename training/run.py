@@ -6,6 +6,7 @@ import contextlib
 import math
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import asdict, fields, replace
@@ -311,7 +312,8 @@ def announce(run: Run, resumed: bool) -> None:
     if not resumed:  # A resume's settings replace the run's at its first save, since it may fail before.
         write_json(run.run_dir / "config.json", run.settings)
     write_json(run.run_dir / "manifest.json", run.data.manifest)
-    print(f"config {cfg.name}: {cfg.summary()}")
+    settings = " ".join(f"{k}={v}" for k, v in run.settings.items())
+    print(f"config {cfg.name}: {textwrap.fill(settings, 100, subsequent_indent='  ')}")
     print(f"{run.model.num_params() / 1e6:.2f}M params | {run.tokens_per_step} tokens/step = "
           f"{run.grad_accum} accum x {rt.world_size} proc x {cfg.batch_size} x {cfg.block_size} | "
           f"{cfg.dataset}: {run.data.manifest['train_tokens']:,} train tokens"
