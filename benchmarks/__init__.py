@@ -11,8 +11,6 @@ from typing import Any
 
 import torch
 
-from train import forward_backward, optimizer_step
-
 
 def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
@@ -30,6 +28,8 @@ def timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
 
 def stepper(model: Any, optimizer: Any, fwd: Any, pool: list, rt: Any, grad_clip: float) -> Callable[[], Any]:
     """A training step of train.py's own functions through fwd (the model, maybe compiled) on pool's batches in turn."""
+    from train import forward_backward, optimizer_step
+
     data = SimpleNamespace(next_step=itertools.cycle(pool).__next__)  # all that forward_backward reads
 
     def step() -> Any:
