@@ -9,9 +9,9 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from configs.cli import ArgumentParser
 from configs.errors import entry_point
 
 from . import decode, memory, runs, train
@@ -20,8 +20,7 @@ from . import decode, memory, runs, train
 @entry_point
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (decode.add_sample_parser, train.add_train_parser, runs.add_time_to_loss_parser,
                 memory.add_memory_parser, runs.add_reference_parser):

@@ -31,20 +31,16 @@ from model import GPT
 from model.hf import load_hf_gpt2
 from model.kv_cache import cache_slots, generate
 from model.quantize import quantize_int8
-from sample import cpu_threads, left_pad
+from sample import cpu_threads
 from training.runtime import choose, probe, setup
 
 
 def add_sample_parser(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     p = add_parser("sample", help="decode tokens/s, ours beside a reference (transformers for --model gpt2)")
     p.add_argument("--model", choices=("small", "gpt2"), default="small", help="small.py's shape or GPT-2 124M's")
-    p.add_argument("--hf-dir", help="--model gpt2: this save_pretrained directory instead of random weights")
     p.add_argument("--block-size", type=integer(1), default=256, help="--model small: the context (slides past it)")
-    p.add_argument("--new-tokens", type=integer(0), default=0, help="default 500 (small), 256 (gpt2)")
-    p.add_argument("--prompt-len", type=integer(0), default=0, help="random prompt tokens; default 1 (small), 8 (gpt2)")
-    p.add_argument("--batch-size", type=integer(1), default=1)
-    p.add_argument("--ragged", action="store_true", help="odd rows' prompts half as long, left-padded (masked)")
-    p.add_argument("--modes", default="", help="comma-separated from eager, compiled, recompute, hf; "
+    p.add_argument("--new-tokens", type=integer(0), help="default 500 (small), 256 (gpt2)")
+    p.add_argument("--modes", help="comma-separated from eager, compiled, recompute, hf; "
                    "default eager,compiled,recompute (small), eager,hf (gpt2)")
     p.add_argument("--dtypes", default="auto", help="comma-separated weight dtypes for ours, e.g. float32,bfloat16; "
                    "int8: float32 with weight-only int8 Linear layers (sample.py --quantize int8)")
@@ -61,17 +57,16 @@ def stream_copy_gb_s(device: str, nbytes: int = 2**29, repeats: int = 5) -> floa
     return 2 * nbytes / min(timed(lambda: b.copy_(a), device)[1] for _ in range(repeats)) / 1e9
 
 
-def decode_bytes_per_step(model: nn.Module, dtype: torch.dtype, cache_slots: int, batch_size: int,
-                          int8: bool = False) -> int:
-    """Bytes one cached decode step reads: each layer's keys and values in every cache slot, and every weight
-    except the embedding tables, of which it reads one row (a tied lm_head reads wte whole). An int8 Linear
-    weight takes a byte per number plus a 2-byte scale per row."""
+def decode_bytes_per_step(model: nn.Module, dtype: torch.dtype, cache_slots: int, int8: bool = False) -> int:
+    """Bytes a cached decode step of one row reads: each layer's keys and values in every cache slot, and every
+    weight but one row of each embedding table (a tied lm_head reads wte whole). An int8 Linear weight takes a
+    byte per number plus a 2-byte scale per row."""
     c, tables = model.config, {"transformer.wte.weight", "transformer.wpe.weight"}
     numel = sum(p.numel() for n, p in model.named_parameters() if n not in tables)
     numel += model.lm_head.weight.numel() if c.tie_weights else 0
     int8_weights = [m.weight for m in model.modules() if isinstance(m, nn.Linear)] if int8 else []
     numel -= sum(w.numel() for w in int8_weights)
-    kv = 2 * c.n_layer * batch_size * cache_slots * c.n_embd
+    kv = 2 * c.n_layer * cache_slots * c.n_embd
     return (numel + kv) * dtype.itemsize + sum(w.numel() + 2 * w.size(0) for w in int8_weights)
 
 
@@ -84,31 +79,25 @@ def _sample_model(args: argparse.Namespace) -> tuple[nn.Module, Any]:
     except ImportError:
         raise UserError("--model gpt2 needs transformers: pip install transformers") from None
     with tempfile.TemporaryDirectory(prefix="bench-gpt2-") as tmp, contextlib.redirect_stdout(sys.stderr):
-        path = tmp if args.hf_dir is None else args.hf_dir
-        if args.hf_dir is None:  # random weights in GPT-2 124M's shape
-            transformers.GPT2LMHeadModel(transformers.GPT2Config()).save_pretrained(tmp)
-        return load_hf_gpt2(path).eval(), transformers.GPT2LMHeadModel.from_pretrained(path).eval()
+        transformers.GPT2LMHeadModel(transformers.GPT2Config()).save_pretrained(tmp)  # random weights, GPT-2's shape
+        return load_hf_gpt2(tmp).eval(), transformers.GPT2LMHeadModel.from_pretrained(tmp).eval()
 
 
 def bench_sample(args: argparse.Namespace) -> None:
     new_tokens = args.new_tokens or (500 if args.model == "small" else 256)
-    prompt_len = args.prompt_len or (1 if args.model == "small" else 8)
+    prompt_len = 1 if args.model == "small" else 8  # random tokens
     modes = (args.modes or ("eager,compiled,recompute" if args.model == "small" else "eager,hf")).split(",")
     if bad := [m for m in modes if m not in ("eager", "compiled", "recompute", "hf")]:
         raise UserError(f"--modes: unknown mode {bad[0]!r}; use eager, compiled, recompute, hf")
     if "hf" in modes and args.model != "gpt2":
         raise UserError("--modes hf needs --model gpt2 (transformers implements GPT-2 only)")
-    if args.ragged and (args.batch_size < 2 or prompt_len < 2):
-        raise UserError("--ragged needs --batch-size >= 2 and --prompt-len >= 2")
     model, hf = _sample_model(args)
     rt = setup(device=args.device, seed=0, training=False)
     if rt.device_type == "cpu" and (threads := cpu_threads(args.threads, model.config.n_embd)):
         torch.set_num_threads(threads)  # what sample.py would use
-    rows = torch.randint(0, model.config.vocab_size, (args.batch_size, prompt_len),
-                         generator=torch.Generator().manual_seed(0)).tolist()
-    rows = [r[prompt_len // 2:] if args.ragged and i % 2 else r for i, r in enumerate(rows)]
-    prompt, mask = left_pad(rows, rt.device)
-    runs = _decode_runs(model, hf, modes, args.dtypes, rt, prompt, mask, new_tokens)
+    prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len),
+                           generator=torch.Generator().manual_seed(0)).to(rt.device)
+    runs = _decode_runs(model, hf, modes, args.dtypes, rt, prompt, new_tokens)
     first = {name: timed(f, rt.device)[1] for name, (f, _) in runs.items()}  # compilation included
     times = {name: [] for name in runs}
     for _ in range(args.repeats):  # the runs take turns, so that drift in the machine's load hits them alike
@@ -117,28 +106,27 @@ def bench_sample(args: argparse.Namespace) -> None:
     # the reference: transformers where it runs, else our eager cached decoding (sample.py's default)
     ref = "hf float32" if "hf" in modes else "eager float32" if "eager float32" in runs else None
     copy_gb_s = stream_copy_gb_s(rt.device) if args.model == "gpt2" else None
-    tokens = args.batch_size * new_tokens  # per call
     for name, (_, dtype) in runs.items():
         (mode, label), best = name.split(), min(times[name])
         record = {"bench": "sample", "model": args.model, "impl": "transformers" if mode == "hf" else "ours",
                   "mode": mode, "dtype": label, "device": rt.device, "threads": torch.get_num_threads(),
-                  "batch_size": args.batch_size, "prompt_len": prompt_len, "new_tokens": new_tokens,
-                  "tokens_per_s": round(tokens / best, 1), "ms_per_step": round(1000 * best / new_tokens, 3),
+                  "batch_size": 1, "prompt_len": prompt_len, "new_tokens": new_tokens,
+                  "tokens_per_s": round(new_tokens / best, 1), "ms_per_step": round(1000 * best / new_tokens, 3),
                   "first_call_s": round(first[name], 2)}
         if ref and name != ref:
             speedup = statistics.median(r / t for r, t in zip(times[ref], times[name]))
-            record |= {"reference": ref, "reference_tokens_per_s": round(tokens / min(times[ref]), 1),
+            record |= {"reference": ref, "reference_tokens_per_s": round(new_tokens / min(times[ref]), 1),
                        "speedup_vs_reference": round(speedup, 2)}
         if copy_gb_s and mode in ("eager", "compiled"):
             slots = cache_slots(model.config.block_size, prompt_len + new_tokens - 1, mode == "compiled")
-            nbytes = decode_bytes_per_step(model, dtype, slots, args.batch_size, int8=label == "int8")
+            nbytes = decode_bytes_per_step(model, dtype, slots, int8=label == "int8")
             record |= {"bytes_per_step": nbytes, "gb_per_s": round(nbytes * new_tokens / best / 1e9, 2),
                        "stream_copy_gb_per_s": round(copy_gb_s, 1)}
         emit(record)
 
 
 def _decode_runs(model: nn.Module, hf: Any, modes: list[str], dtypes: str, rt: Any, prompt: torch.Tensor,
-                 mask: torch.Tensor | None, new_tokens: int) -> dict[str, tuple[Callable[[], Any], torch.dtype]]:
+                 new_tokens: int) -> dict[str, tuple[Callable[[], Any], torch.dtype]]:
     """"mode dtype" -> (a call that decodes new_tokens greedily, the weights' dtype). The dtype int8 is
     float32 with weight-only int8 Linear layers, as sample.py --quantize int8 makes."""
     runs = {}
@@ -150,12 +138,12 @@ def _decode_runs(model: nn.Module, hf: Any, modes: list[str], dtypes: str, rt: A
         ours = quantize_int8(copy.deepcopy(ours)) if name == "int8" else ours
         label = "int8" if name == "int8" else str(dtype).removeprefix("torch.")
         for mode in (m for m in modes if m != "hf"):
-            kw = dict(use_cache=mode != "recompute", compile=mode == "compiled", padding_mask=mask)
+            kw = dict(use_cache=mode != "recompute", compile=mode == "compiled")
             runs[f"{mode} {label}"] = (
                 lambda m=ours, kw=kw: sum(1 for _ in generate(m, prompt, new_tokens, temperature=0, **kw)), dtype)
     if "hf" in modes:  # greedy with its KV cache (DynamicCache), never stopping early; generate() needs no grad
-        attention_mask = mask.long() if mask is not None else torch.ones_like(prompt)
-        run_hf = functools.partial(hf.to(rt.device).generate, prompt, attention_mask=attention_mask, do_sample=False,
-                                   max_new_tokens=new_tokens, min_new_tokens=new_tokens, use_cache=True, pad_token_id=0)
+        run_hf = functools.partial(hf.to(rt.device).generate, prompt, attention_mask=torch.ones_like(prompt),
+                                   do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                   use_cache=True, pad_token_id=0)
         runs["hf float32"] = (run_hf, torch.float32)
     return runs

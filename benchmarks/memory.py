@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from benchmarks import emit, stepper
 from configs import TrainConfig, load_config
@@ -29,8 +30,6 @@ from training.runtime import setup
 
 def measured_peak_bytes(fn: Callable[[], Any]) -> int:
     """Peak CPU tensor bytes allocated while fn() runs. Only those count, so fn should build the model itself."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     cpu = torch.autograd.DeviceType.CPU
@@ -53,8 +52,7 @@ def training_steps(cfg: TrainConfig, vocab_size: int, dtype: torch.dtype, accum:
 
 
 def check(cfg: TrainConfig, vocab_size: int, dtype: torch.dtype, accum: int = 2) -> dict[str, Any]:
-    """The estimate for cfg beside the measured peak. beyond_states_ratio compares what the weights, gradients
-    and optimizer states leave: activations and temporaries."""
+    """The estimate for cfg beside the measured peak, also compared without weights, gradients and optimizer states."""
     mem = Estimate.of(meta_model(cfg.model_config(vocab_size)), cfg, dtype != torch.float32).memory(cfg.batch_size)
     measured = measured_peak_bytes(lambda: training_steps(cfg, vocab_size, dtype, accum))
     states = sum(mem[k] for k in ("weights and buffers", "gradients", "optimizer states"))  # exact arithmetic
@@ -64,10 +62,9 @@ def check(cfg: TrainConfig, vocab_size: int, dtype: torch.dtype, accum: int = 2)
 
 
 def add_memory_parser(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
-    p = add_parser("memory", allow_abbrev=False, help="plan.py's peak-memory estimate vs the CPU's measured peak")
+    p = add_parser("memory", help="plan.py's peak-memory estimate vs the CPU's measured peak")
     p.add_argument("--config", default="small", help="a configs/<name>.py or a .toml; other flags are its fields")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="autocast dtype")
-    p.add_argument("--accum", type=int, default=2, help="micro-steps per optimizer step (the estimate assumes 2+)")
     p.set_defaults(func=bench_memory, passthrough=True)
 
 
@@ -79,4 +76,4 @@ def bench_memory(args: argparse.Namespace) -> None:
         vocab = vocab_size(cfg)
     shape = ("n_layer", "n_embd", "n_head", "block_size", "batch_size", "attention", "pos_emb", "optimizer", "compile")
     emit({"bench": "memory", "config": cfg.name, **{k: getattr(cfg, k) for k in shape}, "vocab_size": vocab,
-          "dtype": args.dtype, "accum": args.accum, **check(cfg, vocab, getattr(torch, args.dtype), args.accum)})
+          "dtype": args.dtype, "accum": 2, **check(cfg, vocab, getattr(torch, args.dtype))})

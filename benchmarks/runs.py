@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+import train
 from benchmarks import emit
 from configs import load_config
 from configs.cli import integer
@@ -51,8 +52,6 @@ def _train(argv: list[str]) -> dict[str, Any]:
 
 def _train_quietly(argv: list[str]) -> dict[str, Any]:
     """train.py's train() on `--config NAME FLAGS`, its output dropped because stdout is for the JSON lines."""
-    import train
-
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
         return train.train(load_config(argv[1], argv[2:]))
 
@@ -72,7 +71,7 @@ def _train_py(config: str, flags: list[str], score_whole_val: bool = False) -> d
 
 
 def add_time_to_loss_parser(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
-    p = add_parser("time-to-loss", allow_abbrev=False, help="whole `python train.py` runs: wall time, final val loss")
+    p = add_parser("time-to-loss", help="whole `python train.py` runs: wall time, final val loss")
     p.add_argument("--config", default="small")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--max-time", type=float, default=45.0, help="train.py --max-time (s)")
@@ -80,7 +79,6 @@ def add_time_to_loss_parser(add_parser: Callable[..., argparse.ArgumentParser]) 
     budget.add_argument("--fractions", type=float, nargs="+", default=[],
                         help="with --vs-nanogpt: one run of ours per F, in F x nanoGPT's whole-process wall time")
     p.add_argument("--target", type=float, default=1.88, help="val loss to reach")
-    p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="train.py --threads, for both runs")
     p.add_argument("--vs-nanogpt", action="store_true",
                    help="nanoGPT's CPU recipe on our trainer (scored on the whole val split) before each of ours")
@@ -100,34 +98,30 @@ def bench_time_to_loss(args: argparse.Namespace) -> None:
     threads = ["--threads", str(args.threads)]
     common = {"bench": "time-to-loss", "device": machine("cuda" if torch.cuda.is_available() else "cpu"),
               "target": args.target}
-    ratios: dict[float | None, list[tuple[float, float, float]]] = {}
-    for _ in range(args.repeats):
-        ref, times = None, {None: args.max_time}
-        if args.vs_nanogpt:
-            ref = _timed_run("small", NANOGPT_CPU + threads, args.target, score_whole_val=True)
-            emit({**common, "run": "nanogpt", "flags": NANOGPT_CPU + threads, **ref})
-        if args.fractions:  # ours' whole process, start-up and exit included, should take F x nanoGPT's
-            times = {f: round(f * ref["wall_s"] - (ref["wall_s"] - ref["train_s"]), 1) for f in args.fractions}
-            if min(times.values()) <= 0:  # train.py's --max-time 0 is no limit at all
-                raise UserError(f"--fractions {min(args.fractions)} x nanoGPT's wall is less than its start-up")
-        # A time budget must be the only limit, or the config's max_iters could end the run early.
-        budgets = ({None: ["--max-iters", str(args.max_iters)]} if args.max_iters else
-                   {f: ["--max-time", str(t), "--max-iters", "1000000000"] for f, t in times.items()})
-        for f, budget in budgets.items():
-            ours = _timed_run(args.config, [*budget, "--eval-interval", "1000000000", *threads, *args.extra],
-                              args.target)  # no evals before the end: their time would count
-            emit({**common, "run": "ours", "config": args.config, "flags": [*budget, *threads, *args.extra], **ours})
-            if ref:
-                ratios.setdefault(f, []).append((ours["wall_s"] / ref["wall_s"], ours["val_loss"], ref["val_loss"]))
-    for f, rows in ratios.items():
-        ratio, val, ref_val = (statistics.median(x) for x in zip(*rows))
-        emit({"bench": "time-to-loss", "fraction": f, "ours_wall_over_nanogpt": round(ratio, 3), "ours_val": val,
-              "nanogpt_val": ref_val, "ours_reached_nanogpt": val <= ref_val, "ours_reached_target": val <= args.target,
-              "medians_of": len(rows)})
+    ref, times, results = None, {None: args.max_time}, {}
+    if args.vs_nanogpt:
+        ref = _timed_run("small", NANOGPT_CPU + threads, args.target, score_whole_val=True)
+        emit({**common, "run": "nanogpt", "flags": NANOGPT_CPU + threads, **ref})
+    if args.fractions:  # ours' whole process, start-up and exit included, should take F x nanoGPT's
+        times = {f: round(f * ref["wall_s"] - (ref["wall_s"] - ref["train_s"]), 1) for f in args.fractions}
+        if min(times.values()) <= 0:  # train.py's --max-time 0 is no limit at all
+            raise UserError(f"--fractions {min(args.fractions)} x nanoGPT's wall is less than its start-up")
+    # A time budget must be the only limit, or the config's max_iters could end the run early.
+    budgets = ({None: ["--max-iters", str(args.max_iters)]} if args.max_iters else
+               {f: ["--max-time", str(t), "--max-iters", "1000000000"] for f, t in times.items()})
+    for f, budget in budgets.items():
+        results[f] = ours = _timed_run(args.config, [*budget, "--eval-interval", "1000000000", *threads, *args.extra],
+                                       args.target)  # no evals before the end: their time would count
+        emit({**common, "run": "ours", "config": args.config, "flags": [*budget, *threads, *args.extra], **ours})
+    for f, ours in (results if ref else {}).items():  # ours beside nanoGPT's, after all the runs
+        ratio, val, ref_val = round(ours["wall_s"] / ref["wall_s"], 3), ours["val_loss"], ref["val_loss"]
+        emit({"bench": "time-to-loss", "fraction": f, "ours_wall_over_nanogpt": ratio, "ours_val": val,
+              "nanogpt_val": ref_val, "ours_reached_nanogpt": val <= ref_val, "ours_reached_target": ours["reached"],
+              "medians_of": 1})
 
 
 def add_reference_parser(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
-    p = add_parser("reference", allow_abbrev=False, help="loss band over seeds, to configs/reference/<config>.json")
+    p = add_parser("reference", help="loss band over seeds, to configs/reference/<config>.json")
     p.add_argument("--config", default="small", help="a named config")
     p.add_argument("--seeds", type=integer(2), default=3, help="runs one after another: the config's seed, seed+1, ...")
     p.set_defaults(func=bench_reference, passthrough=True)

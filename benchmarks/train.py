@@ -2,7 +2,7 @@
 
     python -m benchmarks train --config small --iters 200        # the real recipe (Muon, RoPE)
     python -m benchmarks train --config small --impl both --iters 200 --override pos_emb=learned optimizer=adamw activation=gelu
-    python -m benchmarks train --config shakespeare_gpu --impl both --override dropout=0 optimizer=adamw   # GPU; compiles
+    python -m benchmarks train --config shakespeare_gpu --impl both --override dropout=0 optimizer=adamw  # GPU
 
 Data loading is not timed: up to 64 micro-batches are drawn up front. With --impl both the two take
 turns of --block steps, so drift in the machine's load hits both alike.
@@ -40,9 +40,8 @@ PLAIN_ARCH = {**GPT2_ARCH, "tie_weights": True, "dropout": 0.0, "optimizer": "ad
 
 
 class PlainGPT(nn.Module):
-    """The baseline, a plain nanoGPT-style GPT-2: learned positions, pre-LayerNorm blocks of fused-qkv SDPA causal
-    attention and a tanh-GELU MLP, biases, a tied head. Its submodules are named as model.GPT's are, so one
-    state_dict loads into the other."""
+    """The baseline, nanoGPT's GPT-2 in plain PyTorch, with fused-qkv SDPA attention and a tied head. Its
+    submodules are named as model.GPT's are, so one state_dict loads into the other."""
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int):
         super().__init__()
@@ -70,7 +69,7 @@ class PlainGPT(nn.Module):
 
 
 def add_train_parser(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
-    p = add_parser("train", allow_abbrev=False, help="training step time: our stack vs a plain PyTorch GPT-2")
+    p = add_parser("train", help="training step time: our stack vs a plain PyTorch GPT-2")
     p.add_argument("--config", default="small", help="a configs/<name>.py or a .toml")
     p.add_argument("--iters", type=integer(1), default=100, help="timed steps per impl (the median is reported)")
     p.add_argument("--warmup", type=integer(0), default=10, help="untimed steps per impl first")
@@ -124,8 +123,7 @@ def _turn(r: dict[str, Any], n: int, measure: bool, rt: Any, resident: int) -> N
     for _ in range(n):
         loss, seconds = timed(r["step"], rt.device)
         r["times"] += [seconds] if measure else []
-        if "first_loss" not in r:  # both impls start from the same weights and batch
-            r["first_loss"] = loss.item()
+        r.setdefault("first_loss", loss.item())  # both impls start from the same weights and batch
     if rt.device_type == "cuda":
         mem = (torch.cuda.max_memory_allocated() - resident) / 2**20
     else:  # ru_maxrss is in KiB on Linux, in bytes on macOS

@@ -1,4 +1,4 @@
-"""GPTConfig: the network's shape and switches, each with its one default and its --help line. No torch."""
+"""GPTConfig: the network's shape and switches, each with one default, a --help line and a check."""
 
 from __future__ import annotations
 
