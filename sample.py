@@ -38,8 +38,9 @@ from typing import Any, Literal
 import torch
 
 from configs import Device, Dtype, load_config, run_named
-from configs.cli import ArgumentParser, argument, integer, number, seed
+from configs.cli import ArgumentParser, Flag, argument, integer, number, seed
 from configs.errors import UserError, entry_point
+from model.kv_cache import generate
 
 
 def unescape(text: str) -> str:
@@ -51,10 +52,8 @@ def unescape(text: str) -> str:
 
 class TextStream:
     """One sample's token ids in, printable text out.
-
-    Each token's bytes go through an incremental UTF-8 decoder, so a multi-byte character split across
-    BPE tokens comes out once complete. It ends at end-of-text or after the first stop string; `text` is the sample.
-    """
+    An incremental UTF-8 decoder completes characters split across BPE tokens; `text` ends at end-of-text or
+    after the first stop string."""
 
     def __init__(self, tok, stops: Sequence[str] = ()):
         self.tok = tok
@@ -74,9 +73,7 @@ class TextStream:
 
     def finish(self) -> str:
         """Flush bytes still held by the decoder (a truncated character becomes U+FFFD)."""
-        if self.done:
-            return ""
-        piece = self._add(self.decoder.decode(b"", final=True))
+        piece = "" if self.done else self._add(self.decoder.decode(b"", final=True))
         self.done = True
         return piece
 
@@ -109,8 +106,8 @@ def generate_texts(model, tok, rows: Sequence[Sequence[int]], max_new_tokens: in
     on_text(row, piece) is called with every newly decoded piece (for streaming)."""
     idx, mask = left_pad(rows, next(model.parameters()).device)
     streams = [TextStream(tok, stops) for _ in rows]
-    steps = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                           eos_id=tok.eot_id, padding_mask=mask, generator=generator, compile=compile)
+    steps = generate(model, idx, max_new_tokens, temperature, top_k, top_p, eos_id=tok.eot_id, padding_mask=mask,
+                     generator=generator, vocab_size=tok.vocab_size, compile=compile)
     emit = on_text or (lambda b, piece: None)
     try:
         for step in steps:
@@ -142,17 +139,12 @@ def load(args: argparse.Namespace):
 
 
 def check_vocab(model, tok, where: str, declared: int | None = None) -> None:
-    """Refuse a tokenizer the model was not trained with. A model vocab larger than the
-    tokenizer's is fine when training asked for it (`declared`, e.g. --vocab-size 50304) or when
-    it is padded to the next multiple of 64; the extra ids are then never sampled."""
+    """Refuse a tokenizer the model was not trained with. A larger model vocabulary is fine when training asked
+    for it (`declared`: --vocab-size 50304) or it is padded to a multiple of 64: its extra ids are never sampled."""
     V, tv = model.config.vocab_size, tok.vocab_size
-    if V == tv:
-        return
-    if not (tv < V and (declared == V or (V % 64 == 0 and V - tv < 64))):
+    if V != tv and not (tv < V and (declared == V or (V % 64 == 0 and V - tv < 64))):
         raise UserError(f"{where}: the model's vocabulary ({V} tokens) does not fit the {tok.name} tokenizer "
                         f"({tv} tokens) it would sample with; sample a model trained with that tokenizer")
-    pad = torch.arange(tv, V)
-    model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, pad.to(out.device), float("-inf")))
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
@@ -204,48 +196,51 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="a GPT-2 hub id (gpt2, gpt2-medium, user/repo), a Hugging Face GPT-2 dir or a run dir")
     p.add_argument("--prompt", action="append", metavar="TEXT", help="prompt text (repeatable); - reads stdin")
     p.add_argument("--prompt-file", metavar="FILE", help="a file with one prompt per line")
-    p.add_argument("--num-samples", type=integer.within(">= 1"), default=1, help="samples per prompt")
-    p.add_argument("--max-new-tokens", type=integer.within(">= 0"), default=500, help="tokens to generate per sample")
-    p.add_argument("--temperature", type=number.within(">= 0"), default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=integer.within(">= 1"), help="keep only the k most likely tokens (default: all)")
-    p.add_argument("--top-p", type=number.within("(0, 1]"),
+    p.add_argument("--num-samples", type=integer(lo=1), default=1, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=integer(lo=0), default=500, help="tokens to generate per sample")
+    p.add_argument("--temperature", type=number(lo=0), default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=integer(lo=1), help="keep only the k most likely tokens (default: all)")
+    p.add_argument("--top-p", type=number(0, 1, lo_open=True),
                    help="keep the smallest set of tokens with this much probability (default: all)")
     p.add_argument("--seed", type=seed, help="same seed, same text (default: random)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="end a sample after this text (repeatable)")
-    p.add_argument("--batch-size", type=integer.within(">= 1"), default=32, help="most rows decoded at once")
+    p.add_argument("--batch-size", type=integer(lo=1), default=32, help="most rows decoded at once")
     p.add_argument("--device", default="auto", **argument(Device), help="auto: cuda > mps > cpu")
     p.add_argument("--dtype", default="auto", **argument(Dtype),
                    help="auto: bfloat16 (or float16) on GPUs, float32 on CPU and MPS")
-    p.add_argument("--threads", type=integer.within(">= 0"), default=0,
+    p.add_argument("--threads", type=integer(lo=0), default=0,
                    help="CPU threads; 0 = 1 for small models (n_embd <= 256), else torch's default")
-    p.add_argument("--compile", action="store_true",
+    p.add_argument("--compile", action=Flag,
                    help="torch.compile the decode step (4 tokens a call): 3-5x tokens/s for small models, after a one-off compile")
     p.add_argument("--quantize", default="none", **argument(Literal["none", "int8"]),
                    help="int8: weight-only int8 Linear layers (CPU; a quarter of float32's bytes per token; "
                         "logits within ~0.1 of float32: docs/sampling.md)")
     p.add_argument("--show-attention", metavar="PNG", help="save the prompt's attention maps here")
-    p.add_argument("--layer", type=integer, default=0, help="layer for --show-attention (negative counts from the end)")
+    p.add_argument("--layer", type=integer(), default=0, help="layer for --show-attention (negative counts from the end)")
     try:
         return p.parse_args(argv)
     except UserError as e:  # argparse calls --out-dir by its first name, --ckpt: name the one typed
-        out_dir = any(a.partition("=")[0] == "--out-dir" for a in (sys.argv[1:] if argv is None else argv))
-        raise UserError(re.sub(r"--ckpt(/--out-dir)?\b", "--out-dir" if out_dir else "--ckpt", str(e))) from None
+        out_dir = any(a.partition("=")[0] in ("--out-dir", "--out_dir") for a in (sys.argv[1:] if argv is None else argv))
+        raise UserError(re.sub(r"--ckpt\b", "--out-dir" if out_dir else "--ckpt", str(e))) from None
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse empty or folder-valued paths and flags that would do nothing; the numbers' ranges are their parser's."""
+    if "" in args.stop:
+        raise UserError("--stop must not be empty")
+    if "" in (args.config, args.init_from, args.prompt_file, args.show_attention):
+        raise UserError("an empty --config, --init-from, --prompt-file or --show-attention names nothing")
+    if args.show_attention and os.path.isdir(args.show_attention):  # plot_attention would add .png beside it
+        raise UserError(f"--show-attention {args.show_attention} is a folder; give a .png file path")
+    if args.layer and not args.show_attention:
+        raise UserError("--layer applies to --show-attention; add it or drop --layer")
 
 
 def run(args: argparse.Namespace) -> None:
     from training.runtime import set_threads, setup
 
-    # empty or folder-valued paths; the numbers' ranges are their parser's
-    if "" in args.stop:
-        raise UserError("--stop must not be empty")
-    if "" in (args.config, args.init_from, args.prompt_file, args.show_attention):
-        raise UserError("an empty --config, --init-from, --prompt-file or --show-attention names nothing")
-    # without a suffix plot_attention adds .png: beside the folder, not in it
-    if args.show_attention and os.path.isdir(args.show_attention):
-        raise UserError(f"--show-attention {args.show_attention} is a folder; give a .png file path")
-    if args.layer and not args.show_attention:
-        raise UserError("--layer applies to --show-attention; add it or drop --layer")
+    check_args(args)
     stops = [unescape(s) for s in args.stop]
     prompts = read_prompts(args)
     if args.show_attention and len(prompts) > 1:

@@ -26,11 +26,10 @@ start_script(__name__)  # first: Ctrl-C during the imports below (torch: seconds
 
 import contextlib
 import math
-import re
 import shlex
-import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -41,17 +40,16 @@ from configs.cli import ArgumentParser, Flag, integer, number
 from configs.errors import UserError, entry_point
 from data.loader import GlobalBatchLoader
 from model.checkpoint import BEST_NAME, CKPT_NAME, keep_best
-from training.budget import StopSignal, TimeBudget
+from training.budget import StopSignal, TimeBudget, exit_code
 from training.optim import lr_multiplier, set_lr
 from training.plan import DEFAULT_MFU, out_of_memory, plan_report
-from training.run import (Run, diverged, eval_only, evaluate, final_estimate, lock_run_dir, sample_text, save,
-                          start_run, vocab_size)
+from training.run import (Run, TrainingDiverged, build_model, build_optimizer, eval_only, evaluate,
+                          final_estimate, lock_run_dir, open_data, resumed_checkpoint, sample_text, save, vocab_size)
 from training.runtime import Runtime, setup
 
 
 def forward_backward(train_model: torch.nn.Module, loader: GlobalBatchLoader, rt: Runtime) -> torch.Tensor:
-    """Accumulate gradients over this rank's micro-batches of the next step; returns its mean loss (a tensor).
-
+    """Accumulate gradients over this rank's micro-batches of the next step and return their mean loss.
     Under DDP only the last micro-step all-reduces the gradients (no_sync on the others)."""
     loss_sum = torch.zeros((), device=rt.device)
     batches = loader.next_step()
@@ -80,63 +78,61 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rt:
     return grad_norm
 
 
-def eval_and_save(run: Run, stop: StopSignal, budget: TimeBudget | None = None, save_first: bool = False) -> None:
-    """Evaluate, then save ckpt.pt (best.pt too when val improved). On a stop signal save first:
-    a short grace period still keeps the work. A stop signal cuts the eval short (nothing of it is
-    recorded; it is not started again), never a save. Only rank 0 evaluates and saves; a non-finite
-    val loss stops every rank before anything is saved."""
-    t0, st, rt = time.time(), run.state, run.rt
+def checkpoint(run: Run, stop: StopSignal, budget: TimeBudget | None = None, save_first: bool = False) -> None:
+    """The one checkpoint step, run every eval_interval and at the end: evaluate, save ckpt.pt, and keep it as
+    best.pt when val improved. After a stop signal the save comes first, so that a short grace period still keeps
+    the work. A stop signal can cut the eval short (it is then neither recorded nor started again), never a save.
+    Only rank 0 evaluates and saves; a non-finite val loss stops every rank before anything is saved."""
+    t0, rt = time.time(), run.rt
     if save_first and rt.is_master:
         with stop.holding():
             save(run)
-    if st.evaluated_at == st.step:
+    if run.last_eval.get("step") == run.step:
         return
-    st.evaluated_at = st.step
-    # None if a stop signal cut it short; {} on the other ranks
-    losses = stop.cut_short(lambda: evaluate(run.model, run.ds_dir, run.cfg, rt)) if rt.is_master else {}
+    run.last_eval = {"step": run.step}  # The losses join it below, unless a stop signal cuts the eval short.
+    # losses is None if a stop signal cut the eval short, and {} on the other ranks.
+    losses = stop.cut_short(lambda: evaluate(run.model, run.data.dir, run.cfg, rt)) if rt.is_master else {}
     val = torch.tensor((losses or {}).get("val_loss", 0.0), device=rt.device)
     if rt.ddp:
         torch.distributed.broadcast(val, src=0)  # also the barrier: the others wait for rank 0
     if not math.isfinite(val.item()):
-        raise diverged(run, f"val loss became {val.item()} at step {st.step}")
+        raise TrainingDiverged(run, f"val loss became {val.item()} at step {run.step}")
     if losses is None:
-        st.losses = {}  # the last eval's are of an earlier step: not "final"
         return
     if rt.is_master:
         with stop.holding():
-            record_eval(run, losses, saved=save_first)
-    if budget is not None:  # the final one also draws loss.png
+            record(run, losses, saved=save_first)
+    if budget is not None:  # The final checkpoint also draws loss.png, so its cost is timed with it.
         budget.record_final(time.time() - t0 + (run.log.plot_cost if run.log else 0.0))
 
 
-def record_eval(run: Run, losses: dict[str, float], saved: bool) -> None:
-    """Rank 0 after an eval: save (and keep it as best.pt if val improved), log, plot, say so."""
-    st, log = run.state, run.log
-    improved = losses["val_loss"] < st.best_val
-    st.best_val, st.losses = min(st.best_val, losses["val_loss"]), losses
-    saving = st.step > 0 and st.saved_at != st.step
+def record(run: Run, losses: dict[str, float], saved: bool) -> None:
+    """Rank 0 after an eval: save (kept as best.pt if val improved), then log, plot and print the losses."""
+    improved = losses["val_loss"] < run.best_val
+    run.best_val, run.last_eval = min(run.best_val, losses["val_loss"]), {"step": run.step, **losses}
+    saving = run.step > 0 and run.saved_at != run.step
     if saving:
         save(run)
-    if improved and st.saved_at == st.step:
+    if improved and run.saved_at == run.step:
         keep_best(run.run_dir)
-    log.log({"step": st.step, **losses, "time": round(time.time() - log.started, 3)})
-    if run.cfg.sample_tokens and log.wandb is not None:
-        log.log_sample(st.step, sample_text(run))
-    log.plot(force=False)
-    tqdm.write(f"step {st.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}"
+    run.log.log({"step": run.step, **losses, "time": round(time.time() - run.log.started, 3)})
+    if run.cfg.sample_tokens and run.log.wandb is not None:
+        run.log.log_sample(run.step, sample_text(run))
+    run.log.plot(force=False)
+    tqdm.write(f"step {run.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}"
                f"{' (best)' if improved else ''}{', saved' if saving or saved else ''}")
-    if log.reference and (note := log.reference.check(st.step, losses)):  # outside the seeds' band: say so, go on
+    if run.log.reference and (note := run.log.reference.check(run.step, losses["val_loss"])):  # outside the seeds' band
         tqdm.write(note)
 
 
 def schedule_progress(step: int, cfg: TrainConfig, budget: TimeBudget | None) -> float:
-    """Share of the lr schedule done: by steps, or by the clock under --max-time when further along."""
+    """The share of the lr schedule done, by steps or, under --max-time, by the clock if that is further along."""
     progress = (step - cfg.warmup_iters) / max(1, (cfg.lr_decay_iters or cfg.max_iters) - cfg.warmup_iters)
     return max(progress, budget.progress()) if budget is not None else progress
 
 
 def agree(rt: Runtime, loss: torch.Tensor, *flags: bool) -> tuple[float, ...]:
-    """One small all-reduce per step: the global mean loss, and each flag if any rank raised it."""
+    """One small all-reduce per step, for the global mean loss and for each flag that any rank raised."""
     values = torch.stack([loss.float(), *(torch.tensor(float(f), device=rt.device) for f in flags)])
     if rt.ddp:
         torch.distributed.all_reduce(values)
@@ -147,12 +143,12 @@ def agree(rt: Runtime, loss: torch.Tensor, *flags: bool) -> tuple[float, ...]:
 
 def log_progress(run: Run, window: list[tuple[float, float]], lr: float, grad_norm: torch.Tensor | None,
                  bar: Any) -> None:
-    """One metrics line (and progress-bar text) for the steps in window: (loss, seconds) each."""
+    """Log one metrics line, and show it on the progress bar, for the (loss, seconds) of each step in window."""
     tok_s = run.tokens_per_step * len(window) / sum(dt for _, dt in window)
     peak = run.rt.peak_flops * run.rt.world_size if run.rt.peak_flops else None
     mfu = run.model.flops_per_token(run.cfg.block_size) * tok_s / peak if peak else None
     loss = sum(v for v, _ in window) / len(window)
-    run.log.log({"step": run.state.step, "loss": loss, "lr": lr, "tokens_per_s": round(tok_s, 1), "mfu": mfu,
+    run.log.log({"step": run.step, "loss": loss, "lr": lr, "tokens_per_s": round(tok_s, 1), "mfu": mfu,
                  "grad_norm": grad_norm.item() if grad_norm is not None else None, "threads": torch.get_num_threads(),
                  "time": round(time.time() - run.log.started, 3)})
     bar.set_postfix_str(f"loss {loss:.4f} lr {lr:.2e} {tok_s:,.0f} tok/s"
@@ -160,124 +156,124 @@ def log_progress(run: Run, window: list[tuple[float, float]], lr: float, grad_no
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run one training job described by cfg; returns final losses, paths and why it stopped."""
+    """Run the training job that cfg describes; return its final losses, its paths and why it stopped."""
     t_start = time.time()
-    rt = setup(cfg)
-    if rt.is_master:
-        print(rt.describe())  # what runs where: device, precision, kernels, compile (and why not)
-    try:
+    with setup(cfg) as rt:  # device, dtype, seeds, DDP; the process group ends with the block
+        if rt.is_master:
+            print(rt.describe())  # The device, precision, kernels and compile mode, in one line.
         if cfg.eval_only:
             return eval_only(cfg, rt)
-        # only rank 0 writes the run dir; its lock keeps a second run out
-        with lock_run_dir(cfg.run_dir, fresh=not cfg.resume) if rt.is_master else contextlib.nullcontext(), \
-                StopSignal(escalate=not rt.ddp) as stop, rt.peer_failures():
-            with rt.together():  # a mistake every process finds (a bad --tokens-per-step) is printed once
-                run = start_run(cfg, rt, t_start)
-            stopped = None
-            try:
-                stopped = loop(run, stop, t_start)
-            except KeyboardInterrupt:  # a second Ctrl-C
-                stopped = "quit"
-            finally:
-                stop.hold = True  # past the loop a second Ctrl-C only marks a quit: the plot and summary still run
-                run.train_model = None  # the DDP wrapper holds the process group: rt.close() ends it
-                run.held.close()
-                if run.log is not None:
-                    run.log.plot()  # a crash or nan: still draw what was logged
-                    run.log.close(exit_code=exit_code(stopped) if stopped else 1)  # None: it failed
-            return finish(run, "quit" if stop.quit else stopped, t_start, stop)
-    except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
-        if op := re.match(r"(\S+) does not have a deterministic implementation", str(e)):  # a GPU kernel
-            raise UserError(f"--deterministic: {op[1]} has no deterministic kernel on {rt.device}; drop "
+        # Only rank 0 writes the run directory, and its lock keeps a second run out.
+        with torch_errors(cfg, rt), lock_run_dir(cfg.run_dir, fresh=not cfg.resume) if rt.is_master \
+                else contextlib.nullcontext(), StopSignal(escalate=not rt.ddp) as stop, rt.peer_failures(), \
+                open_data(cfg, rt) as data:
+            with rt.together():  # A mistake that every process finds (a bad --tokens-per-step) is printed once.
+                ckpt = resumed_checkpoint(cfg, rt, data)
+                model, cfg = build_model(cfg, rt, data.manifest, ckpt)
+                optimizer = build_optimizer(model, cfg, rt, ckpt)
+                run = Run(cfg, rt, model, optimizer, data, ckpt, t_start)  # On --resume, where ckpt stopped.
+            with run:
+                try:
+                    loop(run, stop)
+                except KeyboardInterrupt:  # A second Ctrl-C.
+                    run.stopped = "quit"
+                stop.hold = True  # From here a second Ctrl-C only marks a quit, so the plot and summary still run.
+            if stop.quit:
+                run.stopped = "quit"
+            return finish(run, stop)
+
+
+@contextlib.contextmanager
+def torch_errors(cfg: TrainConfig, rt: Runtime) -> Iterator[None]:
+    """Turn running out of memory, and an op with no deterministic kernel under --deterministic, into one line."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError.
+        # A missing deterministic kernel is a plain RuntimeError: no type or attribute tells it apart, so its
+        # text is matched. The op's name is not parsed out of it.
+        if rt.deterministic and "does not have a deterministic implementation" in str(e):
+            raise UserError(f"--deterministic: an op this run needs has no deterministic kernel on {rt.device}; drop "
                             "--deterministic (runs then repeat only approximately)") from None
         if (oom := out_of_memory(e, rt.device, cfg.run_dir / CKPT_NAME)) is None:
             raise
         raise oom from None
-    finally:
-        rt.close()
 
 
-def loop(run: Run, stop: StopSignal, t_start: float) -> str:
-    """Train until max_iters, the time limit or a stop signal; returns which one."""
-    cfg, st, rt = run.cfg, run.state, run.rt
-    budget = TimeBudget(cfg.max_time, t_start, final_estimate(run)) if cfg.max_time else None
-    bar = tqdm(total=cfg.max_iters, initial=st.step, disable=not rt.is_master, dynamic_ncols=True, unit="step")
-    stopped, window = "max_iters", []
+def loop(run: Run, stop: StopSignal) -> None:
+    """Train until max_iters, the time limit or a stop signal (run.stopped says which), then checkpoint."""
+    cfg, rt = run.cfg, run.rt
+    budget = TimeBudget(cfg.max_time, run.started, final_estimate(run)) if cfg.max_time else None
+    bar = tqdm(total=cfg.max_iters, initial=run.step, disable=not rt.is_master, dynamic_ncols=True, unit="step")
+    run.stopped, window = "max_iters", []
     with bar:
-        if st.step == 0 and budget is None:
-            eval_and_save(run, stop)  # the untrained model's loss anchors the curve (ln(vocab) expected)
+        if run.step == 0 and budget is None:
+            checkpoint(run, stop)  # The untrained model's loss, about ln(vocab_size), anchors the curve.
         if budget is not None:
             budget.begin()
-        while st.step < cfg.max_iters:
+        while run.step < cfg.max_iters:
             t0 = time.perf_counter()
             if rt.threads:
-                rt.threads.update()  # as many CPU threads as other processes leave cores idle
-            multiplier = lr_multiplier(st.step, schedule_progress(st.step, cfg, budget), cfg)
+                rt.threads.update()  # As many CPU threads as other processes leave cores idle.
+            multiplier = lr_multiplier(run.step, schedule_progress(run.step, cfg, budget), cfg)
             set_lr(run.optimizer, multiplier)
             loss = forward_backward(run.train_model, run.loader, rt)
             late = budget is not None and budget.out_of_time()
             loss, signalled, late = agree(rt, loss, stop.name is not None, late)
             if not math.isfinite(loss):
                 run.optimizer.zero_grad(set_to_none=True)
-                raise diverged(run, f"loss became {loss} at step {st.step + 1}")
+                raise TrainingDiverged(run, f"loss became {loss} at step {run.step + 1}")
             grad_norm = optimizer_step(run.model, run.optimizer, rt, cfg.grad_clip)
-            st.step += 1
+            run.step += 1
             window.append((loss, time.perf_counter() - t0))
             if budget is not None:
                 budget.record(window[-1][1])
             bar.update(1)
-            if rt.is_master and (st.step % cfg.log_interval == 0 or signalled or late or st.step == cfg.max_iters):
+            if rt.is_master and (run.step % cfg.log_interval == 0 or signalled or late or run.step == cfg.max_iters):
                 log_progress(run, window, cfg.lr * multiplier, grad_norm, bar)
                 window = []
             if signalled or late:
-                stopped = (stop.name or "SIGTERM") if signalled else "max_time"
+                run.stopped = (stop.name or "SIGTERM") if signalled else "max_time"
                 break
-            if st.step % cfg.eval_interval == 0 and st.step < cfg.max_iters:
-                eval_and_save(run, stop, budget)
-                if agree(rt, torch.zeros((), device=rt.device), stop.name is not None)[1]:  # not one more step
-                    stopped = stop.name or "SIGTERM"
+            if run.step % cfg.eval_interval == 0 and run.step < cfg.max_iters:
+                checkpoint(run, stop, budget)
+                if agree(rt, torch.zeros((), device=rt.device), stop.name is not None)[1]:  # A signal during it.
+                    run.stopped = stop.name or "SIGTERM"
                     break
-    if st.evaluated_at != st.step or st.saved_at != st.step:
-        eval_and_save(run, stop, budget, save_first=stopped.startswith("SIG"))
-    return stopped
+    if run.last_eval.get("step") != run.step or run.saved_at != run.step:
+        checkpoint(run, stop, budget, save_first=run.stopped.startswith("SIG"))
 
 
-def exit_code(stopped: str) -> int:
-    """A shell's code for a stop by signal: 128 + its number (quit, a second Ctrl-C: SIGINT's); else 0."""
-    name = "SIGINT" if stopped == "quit" else stopped
-    return 128 + signal.Signals[name] if name in signal.Signals.__members__ else 0
-
-
-def finish(run: Run, stopped: str, t_start: float, stop: StopSignal) -> dict[str, Any]:
-    """Print where the outputs are (and a sample); return the run's result."""
-    st, run_dir = run.state, run.run_dir
-    result = {"step": st.step, "stopped": stopped, "best_val": st.best_val, "elapsed": time.time() - t_start,
+def finish(run: Run, stop: StopSignal) -> dict[str, Any]:
+    """Print where the outputs are, and a sample; return the run's result."""
+    run_dir, stopped, losses = run.run_dir, run.stopped, run.losses
+    result = {"step": run.step, "stopped": stopped, "best_val": run.best_val, "elapsed": time.time() - run.started,
               "out_dir": str(run_dir), "checkpoint": str(run_dir / CKPT_NAME), "best": str(run_dir / BEST_NAME),
-              "metrics": str(run_dir / "metrics.jsonl"), "plot": str(run_dir / "loss.png"), **st.losses,
+              "metrics": str(run_dir / "metrics.jsonl"), "plot": str(run_dir / "loss.png"), **losses,
               "device": run.rt.device, "dtype": str(run.rt.dtype).removeprefix("torch.")}
     if not run.rt.is_master:
         return result
-    kept = f"kept {run_dir / CKPT_NAME} (step {st.saved_at})" if st.saved_at else "kept no checkpoint of this run"
+    kept = f"kept {run_dir / CKPT_NAME} (step {run.saved_at})" if run.saved_at else "kept no checkpoint of this run"
     if stopped == "quit":
-        print(f"quit at step {st.step}{'' if st.saved_at == st.step else ' without saving'}; {kept}", file=sys.stderr)
+        print(f"quit at step {run.step}{'' if run.saved_at == run.step else ' without saving'}; {kept}",
+              file=sys.stderr)
         return result
-    print(f"stopped at step {st.step} ({stopped}{'' if st.losses else ', during its eval'}) after "
+    print(f"stopped at step {run.step} ({stopped}{'' if losses else ', during its eval'}) after "
           f"{result['elapsed']:.1f}s")
-    if st.losses:
-        print(f"final: train loss {st.losses['train_loss']:.4f}, val loss {st.losses['val_loss']:.4f} "
-              f"(best val {st.best_val:.4f})")
+    if losses:
+        print(f"final: train loss {losses['train_loss']:.4f}, val loss {losses['val_loss']:.4f} "
+              f"(best val {run.best_val:.4f})")
     best = f"best       {result['best']} (lowest val loss, what sample.py reads)\n" \
-        if (run_dir / BEST_NAME).is_file() else ""  # none when stopped before its first eval finished
-    plot = f"\nloss curve {result['plot']}" if (run_dir / "loss.png").is_file() else ""  # matplotlib may have failed
+        if (run_dir / BEST_NAME).is_file() else ""  # None if stopped before its first eval finished.
+    plot = f"\nloss curve {result['plot']}" if (run_dir / "loss.png").is_file() else ""  # If matplotlib drew it.
     print(f"checkpoint {result['checkpoint']} (latest, for --resume)\n{best}metrics    {result['metrics']}{plot}")
-    if run.cfg.sample_tokens and not stop.name:  # a stop signal asked for an end now, not a sample first
+    if run.cfg.sample_tokens and not stop.name:  # A stop signal asks for an end now, not a sample first.
         sample = stop.cut_short(lambda: sample_text(run))
         if sample is None:
             result["stopped"] = stop.name
             print(f"{stop.name}: the sample was cut short; {kept}", file=sys.stderr)
         else:
             result["sample"] = sample
-            where = shlex.quote(f"./{run_dir}" if str(run_dir).startswith("-") else str(run_dir))  # not read as a flag
+            where = shlex.quote(f"./{run_dir}" if str(run_dir).startswith("-") else str(run_dir))  # Not a flag.
             print(f"sample (python sample.py --out-dir {where} for more):\n{sample}")
     return result
 
@@ -289,19 +285,19 @@ def main(argv: list[str] | None = None) -> int:
     planning = parser.add_argument_group("plan (nothing is trained)")
     planning.add_argument("--plan", action=Flag, help="print parameters, FLOPs, memory per GPU and time")
     planning.add_argument("--gpu", help="the GPU to plan for (default h100; a100-40gb, 4090, ...)")
-    planning.add_argument("--nproc", type=integer.within(">= 1"), help="GPUs (DDP processes; default 1)")
-    planning.add_argument("--mfu", type=number.within("[0.001, 1]"),  # below 0.1%, a plan's days have no meaning
+    planning.add_argument("--nproc", type=integer(lo=1), help="GPUs (DDP processes; default 1)")
+    planning.add_argument("--mfu", type=number(0.001, 1),  # Below 0.1%, a plan's days have no meaning.
                           help=f"the model FLOPs utilisation assumed (default {DEFAULT_MFU})")
     cfg, args = parse_config(parser, argv)
     if args.gpu == "":
         raise UserError("--gpu names nothing; give a GPU (h100, a100-40gb, 4090, ...) or leave it out for h100")
     if args.plan:
-        if cfg.init_from:  # its architecture is known only once its weights load
+        if cfg.init_from:  # Its architecture is known only once its weights load.
             print(f"note: this plans the config's shape, not --init-from {cfg.init_from}'s; type its --n-layer, "
                   "--n-head and --n-embd to plan that", file=sys.stderr)
         print(plan_report(cfg, vocab_size(cfg), args.gpu or "h100", args.nproc or 1, args.mfu or DEFAULT_MFU))
         return 0
-    if given := [f"--{k}" for k in ("gpu", "nproc", "mfu") if getattr(args, k) is not None]:  # else ignored
+    if given := [f"--{k}" for k in ("gpu", "nproc", "mfu") if getattr(args, k) is not None]:  # Else ignored.
         raise UserError(f"{', '.join(given)}: for --plan only; add --plan or drop {'them' if given[1:] else 'it'}")
     return exit_code(train(cfg)["stopped"])
 

@@ -17,8 +17,8 @@ def emit(record: dict[str, Any]) -> None:
 
 
 def timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
-    """fn()'s result and its wall seconds, the device synced before each clock read."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
+    """fn()'s result and its wall seconds, with the device synced before each clock read."""
+    sync = torch.get_device_module(device).synchronize
     sync()
     t0 = time.perf_counter()
     out = fn()
@@ -27,13 +27,16 @@ def timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
 
 
 def stepper(model: Any, optimizer: Any, fwd: Any, pool: list, rt: Any, grad_clip: float) -> Callable[[], Any]:
-    """A step of train.py's own functions through fwd (model, maybe compiled), cycling through pool."""
+    """A training step of train.py's own functions through fwd (the model, maybe compiled) on pool's batches in turn."""
     from train import forward_backward, optimizer_step
 
-    data = SimpleNamespace(next_step=itertools.cycle(pool).__next__)  # what forward_backward reads
+    data = SimpleNamespace(next_step=itertools.cycle(pool).__next__)  # all that forward_backward reads
+
     def step() -> Any:
         if rt.threads:
             rt.threads.update()  # as train.py's loop does
-        return (forward_backward(fwd, data, rt), optimizer_step(model, optimizer, rt, grad_clip))[0]
+        loss = forward_backward(fwd, data, rt)
+        optimizer_step(model, optimizer, rt, grad_clip)
+        return loss
 
     return step

@@ -9,33 +9,27 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from configs.cli import ArgumentParser
 from configs.errors import entry_point
 
 from . import decode, memory, runs, train
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+@entry_point
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (decode.add_sample_parser, train.add_train_parser, runs.add_time_to_loss_parser,
                 memory.add_memory_parser, runs.add_reference_parser):
-        add(sub)
-    return parser
-
-
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)  # train, time-to-loss: the rest are TrainConfig flags
+        add(sub.add_parser)
+    args, extra = parser.parse_known_args(argv)  # all but sample pass the flags they lack on to TrainConfig
     if extra and not getattr(args, "passthrough", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.extra, args.argv = extra, list(sys.argv[1:] if argv is None else argv)
+    args.extra, args.argv = extra, argv
     args.func(args)
-    return 0
 
 
 if __name__ == "__main__":

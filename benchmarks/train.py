@@ -2,10 +2,10 @@
 
     python -m benchmarks train --config small --iters 200        # the real recipe (Muon, RoPE)
     python -m benchmarks train --config small --impl both --iters 200 --override pos_emb=learned optimizer=adamw activation=gelu
-    python -m benchmarks train --config shakespeare_gpu --impl both --override dropout=0 optimizer=adamw   # GPU; compiles
+    python -m benchmarks train --config shakespeare_gpu --impl both --override dropout=0 optimizer=adamw  # GPU
 
-Data loading is not timed (up to 64 micro-batches are drawn up front); with --impl both the
-two take turns of --block steps, so load drift hits both alike.
+Data loading is not timed: up to 64 micro-batches are drawn up front. With --impl both the two take
+turns of --block steps, so drift in the machine's load hits both alike.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -28,69 +29,58 @@ from torch import nn
 from benchmarks import emit, stepper, timed
 from benchmarks.runs import machine
 from configs import load_config
+from configs.cli import integer
 from configs.errors import UserError
 from model.hf import GPT2_ARCH
-from training.run import start_run
+from training.run import Run, build_model, build_optimizer, open_data
 from training.runtime import setup, trainable
 
 # What PlainGPT implements, and how it trains: --impl plain/both needs the config to match.
 PLAIN_ARCH = {**GPT2_ARCH, "tie_weights": True, "dropout": 0.0, "optimizer": "adamw"}
 
 
-class _PlainBlock(nn.Module):
-    """nanoGPT's block: pre-LayerNorm, fused qkv, SDPA causal attention, tanh-GELU MLP, biases.
-    Submodule names match model.GPT's, so one state_dict loads into the other."""
-
-    def __init__(self, C: int, nh: int):
-        super().__init__()
-        self.nh, self.ln_1, self.ln_2 = nh, nn.LayerNorm(C), nn.LayerNorm(C)
-        self.attn = nn.ModuleDict({"c_attn": nn.Linear(C, 3 * C), "c_proj": nn.Linear(C, C)})
-        self.mlp = nn.ModuleDict({"c_fc": nn.Linear(C, 4 * C), "c_proj": nn.Linear(4 * C, C)})
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.attn.c_attn(self.ln_1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.nh, C // self.nh).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.attn.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh"))
-
-
 class PlainGPT(nn.Module):
-    """A plain nanoGPT-style GPT-2 (learned positions, LayerNorm, tied head): the baseline."""
+    """The baseline, nanoGPT's GPT-2 in plain PyTorch, with fused-qkv SDPA attention and a tied head. Its
+    submodules are named as model.GPT's are, so one state_dict loads into the other."""
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int):
         super().__init__()
-        self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(vocab_size, n_embd), "wpe": nn.Embedding(block_size, n_embd),
-            "h": nn.ModuleList(_PlainBlock(n_embd, n_head) for _ in range(n_layer)), "ln_f": nn.LayerNorm(n_embd)})
-        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # weights: bench_train loads model.GPT's init
+        C, self.n_head = n_embd, n_head
+        blocks = [nn.ModuleDict({"ln_1": nn.LayerNorm(C), "ln_2": nn.LayerNorm(C),
+                                 "attn": nn.ModuleDict({"c_attn": nn.Linear(C, 3 * C), "c_proj": nn.Linear(C, C)}),
+                                 "mlp": nn.ModuleDict({"c_fc": nn.Linear(C, 4 * C), "c_proj": nn.Linear(4 * C, C)})})
+                  for _ in range(n_layer)]
+        self.transformer = nn.ModuleDict({"wte": nn.Embedding(vocab_size, C), "wpe": nn.Embedding(block_size, C),
+                                          "h": nn.ModuleList(blocks), "ln_f": nn.LayerNorm(C)})
+        self.lm_head = nn.Linear(C, vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        t = self.transformer
-        x = t.wte(idx) + t.wpe(torch.arange(idx.size(1), device=idx.device))
+        (B, T), C, t = idx.shape, self.lm_head.in_features, self.transformer
+        x = t.wte(idx) + t.wpe(torch.arange(T, device=idx.device))
         for block in t.h:
-            x = block(x)
+            q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
+            q, k, v = (z.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, nh, T, hs)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(B, T, C)
+            x = x + block.attn.c_proj(y)
+            x = x + block.mlp.c_proj(F.gelu(block.mlp.c_fc(block.ln_2(x)), approximate="tanh"))
         logits = self.lm_head(t.ln_f(x))
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
 
-def add_train_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", allow_abbrev=False, help="training step time: our stack vs a plain PyTorch GPT-2")
+def add_train_parser(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
+    p = add_parser("train", help="training step time: our stack vs a plain PyTorch GPT-2")
     p.add_argument("--config", default="small", help="a configs/<name>.py or a .toml")
-    p.add_argument("--iters", type=int, default=100, help="timed steps per impl (the median is reported)")
-    p.add_argument("--warmup", type=int, default=10, help="untimed steps per impl first")
+    p.add_argument("--iters", type=integer(1), default=100, help="timed steps per impl (the median is reported)")
+    p.add_argument("--warmup", type=integer(0), default=10, help="untimed steps per impl first")
     p.add_argument("--impl", choices=("ours", "plain", "both"), default="ours")
-    p.add_argument("--block", type=int, default=10, help="steps per turn with --impl both (ours, plain, ours, ...)")
+    p.add_argument("--block", type=integer(1), default=10, help="steps per turn with --impl both (ours, plain, ...)")
     p.add_argument("--override", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="TrainConfig fields, e.g. pos_emb=learned; bare flags work too (--device cuda, --compile)")
     p.set_defaults(func=bench_train, passthrough=True)
 
 
 def bench_train(args: argparse.Namespace) -> None:
-    if args.iters < 1 or args.warmup < 0 or args.block < 1:
-        raise UserError("--iters and --block must be at least 1, --warmup at least 0")
     cfg = load_config(args.config, [*args.extra, *(f"--{kv}" for kv in args.override)])  # KEY=VALUE -> --KEY=VALUE
     impls = ["ours", "plain"] if args.impl == "both" else [args.impl]
     if "plain" in impls and (diff := {k: v for k, v in PLAIN_ARCH.items() if getattr(cfg, k) != v}):
@@ -98,65 +88,64 @@ def bench_train(args: argparse.Namespace) -> None:
                         f"differs in {', '.join(diff)}; add --override {' '.join(f'{k}={v}' for k, v in diff.items())}")
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp, contextlib.redirect_stdout(sys.stderr):
         rt = setup(cfg := replace(cfg, out_dir=tmp, wandb=False))  # stdout is for JSON lines only
-        run = start_run(cfg, rt, time.time())  # train.py's data, model (compiled if asked) and optimizer
-    cfg = run.cfg
+        data = open_data(cfg, rt)  # train.py's data, model (compiled if asked) and optimizer, in its order
+        model, cfg = build_model(cfg, rt, data.manifest, None)
+        run = Run(cfg, rt, model, build_optimizer(model, cfg, rt, None), data, None, time.time())
     pool = [run.loader.next_step() for _ in range(max(1, min(64 // run.grad_accum, args.warmup + args.iters)))]
     states = {"ours": (run.model, run.optimizer, run.train_model)}
     if "plain" in impls:
-        plain = PlainGPT(run.model.config.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd)
-        plain.load_state_dict(run.model.state_dict())  # identical starting weights
-        plain.to(rt.device)
+        plain = PlainGPT(model.config.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd).to(rt.device)
+        plain.load_state_dict(model.state_dict())  # the same starting weights
         groups = [{"params": [p for p in plain.parameters() if (p.dim() >= 2) == decay],
                    "weight_decay": cfg.weight_decay if decay else 0.0} for decay in (True, False)]
         opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))  # nanoGPT's groups
-        states["plain"] = (plain, opt, trainable(plain, rt, pool[0][0]))  # compiled as ours is
+        states["plain"] = (plain, opt, trainable(plain, rt, pool[0][0]))  # compiled if ours is
     runs = {name: {"step": stepper(*states[name], pool, rt, cfg.grad_clip), "times": []} for name in impls}
     for measure, total in ((False, args.warmup), (True, args.iters)):
-        for done in range(0, total, args.block):  # impls take turns: load drift hits them alike
+        for done in range(0, total, args.block):
             for name in impls:
                 resident = sum(_state_bytes(*s[:2]) for k, s in states.items() if k != name)
                 _turn(runs[name], min(args.block, total - done), measure, rt, resident)
     _report(runs, states, run, args.iters, len(pool))
 
 
-def _state_bytes(model: nn.Module, optimizer: Any) -> int:
+def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Bytes that stay allocated between steps: parameters and optimizer state."""
     tensors = [*model.parameters(), *(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _turn(r: dict[str, Any], n: int, measure: bool, rt: Any, resident: int) -> None:
-    """n steps of one impl, each timed alone; its peak memory less `resident`, the other impl's
-    weights and optimizer state (on GPU; on CPU the process's peak RSS, shared by both)."""
+    """Run and time n steps of one impl, one by one, and record its peak memory. On a GPU that is the peak
+    less `resident`, the other impl's weights and optimizer state; on a CPU it is the process's peak RSS."""
     if rt.device_type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     for _ in range(n):
         loss, seconds = timed(r["step"], rt.device)
         r["times"] += [seconds] if measure else []
-        if "first_loss" not in r:  # both impls start from the same weights and batch
-            r["first_loss"] = loss.item()
+        r.setdefault("first_loss", loss.item())  # both impls start from the same weights and batch
     if rt.device_type == "cuda":
-        r["mem_key"], mem = "peak_gpu_mem_mb", (torch.cuda.max_memory_allocated() - resident) / 2**20
-    else:
-        rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        r["mem_key"], mem = "peak_rss_mb", rss_kb / (2**20 if sys.platform == "darwin" else 2**10)
+        mem = (torch.cuda.max_memory_allocated() - resident) / 2**20
+    else:  # ru_maxrss is in KiB on Linux, in bytes on macOS
+        mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
     r["mem"] = max(r.get("mem", 0.0), mem)
 
 
-def _report(runs: dict[str, dict[str, Any]], states: dict[str, Any], run: Any, iters: int, pooled: int) -> None:
+def _report(runs: dict[str, dict[str, Any]], states: dict[str, Any], run: Run, iters: int, pooled: int) -> None:
     cfg, rt = run.cfg, run.rt
+    mem_key = "peak_gpu_mem_mb" if rt.device_type == "cuda" else "peak_rss_mb"
     for name, r in runs.items():
-        ms = 1000 * statistics.median(r["times"])
-        r["tok_s"] = tok_s = run.tokens_per_step / (ms / 1000)
+        seconds = statistics.median(r["times"])
+        r["tok_s"] = run.tokens_per_step / seconds
         emit({"bench": "train", "config": cfg.name, "impl": name, "device": machine(rt.device),
               "threads": torch.get_num_threads(), "dtype": str(rt.dtype).removeprefix("torch."),
               "compile": rt.choices.compile, "optimizer": cfg.optimizer if name == "ours" else "torch.optim.AdamW",
               "pos_emb": cfg.pos_emb, "params": sum(p.numel() for p in states[name][0].parameters()),
-              "tokens_per_step": run.tokens_per_step, "iters": iters, "ms_per_iter": round(ms, 3),
-              "ms_min": round(1000 * min(r["times"]), 3), "tokens_per_s": round(tok_s, 1),
-              "mfu": round(run.model.flops_per_token(cfg.block_size) * tok_s / rt.peak_flops, 4)
+              "tokens_per_step": run.tokens_per_step, "iters": iters, "ms_per_iter": round(1000 * seconds, 3),
+              "ms_min": round(1000 * min(r["times"]), 3), "tokens_per_s": round(r["tok_s"], 1),
+              "mfu": round(run.model.flops_per_token(cfg.block_size) * r["tok_s"] / rt.peak_flops, 4)
               if rt.peak_flops else None,  # null without a known GPU peak
-              r["mem_key"]: round(r["mem"], 1), "first_loss": round(r["first_loss"], 4),
+              mem_key: round(r["mem"], 1), "first_loss": round(r["first_loss"], 4),
               "data": f"{pooled} pre-drawn {cfg.dataset} train steps of {run.grad_accum} micro-batches, cycled"})
     if len(runs) == 2:
         emit({"bench": "train", "ours_over_plain": round(runs["ours"]["tok_s"] / runs["plain"]["tok_s"], 3),

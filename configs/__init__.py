@@ -17,22 +17,15 @@ import importlib
 import json
 import pkgutil
 import sys
-import textwrap
 from argparse import ArgumentTypeError, Namespace
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
-from .cli import ArgumentParser, Number, argument, closest, converter, seed
+from .cli import ArgumentParser, Number, argument, closest, converter, integer, number, seed, setting
 from .errors import UserError
-from .model import BOUNDS, GPTConfig
-
-
-def _field(default: Any, help: str, section: str = "", bounds: str = "") -> Any:
-    """A TrainConfig field with its --help line; `section` starts a new group in --help; a number's
-    `bounds` (default: GPTConfig's for a model field, else >= 0) hold for its flag, config files and code."""
-    return field(default=default, metadata={"help": help, "section": section, "bounds": bounds})
+from .model import GPTConfig
 
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
@@ -40,73 +33,64 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    name: str = _field("custom", "the config's name; the run directory defaults to out/<name>", "config")
-    dataset: str = _field("shakespeare_char", "a data.prepare preset (prepared on first use) or a dataset "
-                          "prepared into data_root", "data")
-    data_root: str = _field("data/prepared", "where prepared datasets live")
-    sampling: Literal["random", "epoch"] = _field("random", "train windows: random start positions (nanoGPT), "
-                                                  "or each non-overlapping window once per epoch")
-    n_layer: int = _field(4, "transformer blocks", "model (see configs/model.py)")
-    n_head: int = _field(4, "attention heads per block; must divide n_embd")
-    n_embd: int = _field(128, "width of the residual stream")
-    block_size: int = _field(64, "context length in tokens")
-    vocab_size: int = _field(0, "0 = the tokenizer's; larger pads the embedding (e.g. 50304)", bounds=">= 0")
-    dropout: float = _field(0.0, "only while training; > 0 helps small data, not big corpora")
-    bias: bool = _field(True, "biases in Linear layers and norms, as GPT-2 has")
-    pos_emb: Literal["learned", "rope"] = _field("learned", "learned absolute positions (GPT-2) or rotary")
-    norm: Literal["layernorm", "rmsnorm"] = _field("layernorm", "LayerNorm (GPT-2) or RMSNorm")
-    activation: Literal["gelu", "gelu_exact", "relu2"] = _field("gelu", "GPT-2's tanh GELU, the exact (erf) GELU, "
-                                                                  "or relu(x)^2")
-    qk_norm: bool = _field(False, "normalise queries and keys per head before their dot product")
-    tie_weights: bool = _field(True, "lm_head shares its weight with the token embedding")
-    attention: Literal["sdpa", "explicit"] = _field("sdpa", "F.scaled_dot_product_attention or the spelled-out "
-                                                    "softmax(QK^T)V: same numbers, speed depends on the device")
-    batch_size: int = _field(12, "sequences per micro-batch per process; auto (stored as 0) = the largest "
-                             "that fits free memory, keeping tokens_per_step (training/plan.py)", "optimization")
-    tokens_per_step: int = _field(0, "global tokens per optimizer step, reached by gradient accumulation; "
-                                  "0 = one micro-batch per process")
-    lr: float = _field(1e-3, "peak learning rate (AdamW), reached after warmup_iters")
-    min_lr: float = _field(1e-4, "where the schedule ends (cosine, wsd)")
-    warmup_iters: int = _field(100, "steps of linear warmup")
-    lr_schedule: Literal["cosine", "wsd", "constant"] = _field("cosine", "after warmup: half a cosine to min_lr; "
-                                                               "warmup-stable-decay; or constant")
-    lr_decay_iters: int = _field(0, "where the schedule reaches min_lr; 0 = max_iters")
-    decay_frac: float = _field(0.2, "wsd: the final fraction of the run spent decaying", bounds="(0, 1]")
-    weight_decay: float = _field(0.1, "AdamW weight decay of matrices (not of biases and norms)")
-    optimizer: Literal["adamw", "muon"] = _field("adamw", "muon: Muon for the block matrices, AdamW for the rest")
-    muon_lr: float = _field(0.02, "Muon's peak learning rate")
-    muon_momentum: float = _field(0.95, "Muon's momentum", bounds="[0, 1)")
-    beta1: float = _field(0.9, "AdamW beta1", bounds="[0, 1)")
-    beta2: float = _field(0.99, "AdamW beta2", bounds="[0, 1)")
-    grad_clip: float = _field(1.0, "clip the global gradient norm to this; 0 = off")
-    max_iters: int = _field(2000, "optimizer steps", "run length, evaluation and logging", bounds=">= 1")
-    max_time: float = _field(0.0, "wall-clock budget in seconds, final eval and save included (the LR "
-                             "schedule then runs on time); 0 = none")
-    eval_interval: int = _field(250, "steps between evaluation + checkpoint", bounds=">= 1")
-    eval_iters: int = _field(20, "batches per evaluation; 0 = the whole val split")
-    eval_batch_size: int = _field(0, "0 = batch_size; eval has no backward pass, so it can be larger")
-    log_interval: int = _field(10, "steps between metrics.jsonl lines and progress-bar updates", bounds=">= 1")
-    sample_tokens: int = _field(200, "length of the samples printed at the end and sent to wandb; 0 = none")
-    device: Device = _field("auto", "auto: cuda > mps > cpu", "system")
-    dtype: Dtype = _field("auto", "autocast; auto: bfloat16 on GPUs that have it (else float16 with a grad "
-                          "scaler) and on CPUs with bf16 instructions, else float32")
-    compile: bool = _field(False, "torch.compile the model (slow start, faster steps on GPU)")
-    deterministic: bool = _field(False, "bit-identical repeats: deterministic kernels only (slower on a GPU), and "
-                                 "a fixed CPU thread count")
-    threads: int = _field(0, "CPU threads for torch; 0 = as many as other processes leave cores idle, checked "
-                          "twice a second (results then depend on the load in the last bits)")
-    seed: int = _field(1337, "seed of every random stream (each DDP rank adds its rank)")
-    ddp_timeout: float = _field(600.0, "seconds a process waits for the others (at most a week: one silent for "
-                                "longer is hung); then a hung or stopped one ends the job", bounds="(0, 604800]")
-    out_dir: str = _field("", "the run directory; empty = out/<name>")
-    resume: bool = _field(False, "continue from out_dir/ckpt.pt")
-    init_from: str = _field("", "start from a run dir of ours, a local HF GPT-2 dir or a hub id (gpt2, "
-                            "gpt2-medium, ...); ignored by --resume")
-    eval_only: bool = _field(False, "no training: loss and perplexity of --init-from (or out_dir's checkpoint)")
-    wandb: bool = _field(False, "log to Weights & Biases (offline without an API key)")
-    wandb_project: str = _field("", "the wandb project (default: $WANDB_PROJECT, else gpt)")
-    wandb_run_name: str = _field("", "empty = the config name")
+class TrainConfig(GPTConfig):
+    """A run's settings: the network's fields, inherited from GPTConfig with their defaults, and the training's."""
+
+    # A run may leave the vocabulary to its data, which a model cannot: 0 here means the tokenizer's size.
+    vocab_size: int = setting(0, "0 = the tokenizer's; larger pads the embedding (e.g. 50304)", "model",
+                              integer(lo=0))
+    name: str = setting("custom", "the config's name; the run directory defaults to out/<name>", "config")
+    dataset: str = setting("shakespeare_char", "a data.prepare preset (prepared on first use) or a dataset "
+                           "prepared into data_root", "data")
+    data_root: str = setting("data/prepared", "where prepared datasets live")
+    sampling: Literal["random", "epoch"] = setting("random", "train windows: random start positions (nanoGPT), "
+                                                   "or each non-overlapping window once per epoch")
+    batch_size: int = setting(12, "sequences per micro-batch per process; auto (stored as 0) = the largest "
+                              "that fits free memory, keeping tokens_per_step (training/plan.py)", "optimization")
+    tokens_per_step: int = setting(0, "global tokens per optimizer step, reached by gradient accumulation; "
+                                   "0 = one micro-batch per process")
+    lr: float = setting(1e-3, "peak learning rate (AdamW), reached after warmup_iters")
+    min_lr: float = setting(1e-4, "where the schedule ends (cosine, wsd)")
+    warmup_iters: int = setting(100, "steps of linear warmup")
+    lr_schedule: Literal["cosine", "wsd", "constant"] = setting("cosine", "after warmup: half a cosine to min_lr; "
+                                                                "warmup-stable-decay; or constant")
+    lr_decay_iters: int = setting(0, "where the schedule reaches min_lr; 0 = max_iters")
+    decay_frac: float = setting(0.2, "wsd: the final fraction of the run decaying", check=number(0, 1, lo_open=True))
+    weight_decay: float = setting(0.1, "AdamW weight decay of matrices (not of biases and norms)")
+    optimizer: Literal["adamw", "muon"] = setting("adamw", "muon: Muon for the block matrices, AdamW for the rest")
+    muon_lr: float = setting(0.02, "Muon's peak learning rate")
+    muon_momentum: float = setting(0.95, "Muon's momentum", check=number(0, 1, hi_open=True))
+    beta1: float = setting(0.9, "AdamW beta1", check=number(0, 1, hi_open=True))
+    beta2: float = setting(0.99, "AdamW beta2", check=number(0, 1, hi_open=True))
+    grad_clip: float = setting(1.0, "clip the global gradient norm to this; 0 = off")
+    max_iters: int = setting(2000, "optimizer steps", "run length, evaluation and logging", check=integer(lo=1))
+    max_time: float = setting(0.0, "wall-clock budget in seconds, final eval and save included (the LR "
+                              "schedule then runs on time); 0 = none")
+    eval_interval: int = setting(250, "steps between evaluation + checkpoint", check=integer(lo=1))
+    eval_iters: int = setting(20, "batches per evaluation; 0 = the whole val split")
+    eval_batch_size: int = setting(0, "0 = batch_size; eval has no backward pass, so it can be larger")
+    log_interval: int = setting(10, "steps between metrics.jsonl lines and progress-bar updates", check=integer(lo=1))
+    sample_tokens: int = setting(200, "length of the samples printed at the end and sent to wandb; 0 = none")
+    device: Device = setting("auto", "auto: cuda > mps > cpu", "system")
+    dtype: Dtype = setting("auto", "autocast; auto: bfloat16 on GPUs that have it (else float16 with a grad "
+                           "scaler) and on CPUs with bf16 instructions, else float32")
+    compile: bool = setting(False, "torch.compile the model (slow start, faster steps on GPU)")
+    deterministic: bool = setting(False, "bit-identical repeats: deterministic kernels only (slower on a GPU), and "
+                                  "a fixed CPU thread count")
+    threads: int = setting(0, "CPU threads for torch; 0 = as many as other processes leave cores idle, checked "
+                           "twice a second (results then depend on the load in the last bits)")
+    seed: int = setting(1337, "seed of every random stream (each DDP rank adds its rank)")
+    ddp_timeout: float = setting(600.0, "seconds a process waits for the others (at most a week: one silent for "
+                                 "longer is hung); then a hung or stopped one ends the job",
+                                 check=number(0, 604800, lo_open=True))
+    out_dir: str = setting("", "the run directory; empty = out/<name>")
+    resume: bool = setting(False, "continue from out_dir/ckpt.pt")
+    init_from: str = setting("", "start from a run dir of ours, a local HF GPT-2 dir or a hub id (gpt2, "
+                             "gpt2-medium, ...); ignored by --resume")
+    eval_only: bool = setting(False, "no training: loss and perplexity of --init-from (or out_dir's checkpoint)")
+    wandb: bool = setting(False, "log to Weights & Biases (offline without an API key)")
+    wandb_project: str = setting("", "the wandb project (default: $WANDB_PROJECT, else gpt)")
+    wandb_run_name: str = setting("", "empty = the config name")
 
     def __post_init__(self) -> None:
         for name, check in _CHECKS.items():  # what its flag refuses, a config built in code must not hold either
@@ -126,9 +110,9 @@ class TrainConfig:
                             f"make a folder named ~ here; write $HOME instead, or ./~ to mean that folder")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
-        """The network this config describes: the fields GPTConfig shares; vocab_size 0 takes the argument."""
-        shared = {k: getattr(self, k) for k in MODEL_FIELDS}
-        return GPTConfig(**shared | {"vocab_size": self.vocab_size or vocab_size})
+        """The network this config describes; vocab_size 0 takes the argument."""
+        return GPTConfig(**{f.name: getattr(self, f.name) for f in fields(GPTConfig)}
+                         | {"vocab_size": self.vocab_size or vocab_size})
 
     def accumulation(self, processes: int) -> int:
         """Micro-steps per optimizer step: tokens_per_step over batch_size x block_size x processes."""
@@ -143,28 +127,21 @@ class TrainConfig:
     def run_dir(self) -> Path:
         return Path(self.out_dir or f"out/{self.name}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def summary(self) -> str:
-        return textwrap.fill(" ".join(f"{k}={v}" for k, v in self.to_dict().items()), 100, subsequent_indent="  ")
-
 
 FIELDS = tuple(f.name for f in fields(TrainConfig))
-MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name in FIELDS)  # the network's; the rest: training
 _TYPES = get_type_hints(TrainConfig)
 
 
 def micro_batch(value: Any) -> int:
     """--batch-size: a whole number, or auto (0, as config files hold it: plan.auto_batch_size picks it at start)."""
     auto = str(value).lower() == "auto" or (type(value) is int and value == 0)
-    return 0 if auto else Number(int, ">= 1", "a whole number >= 1 or auto")(value)
+    return 0 if auto else Number(int, lo=1, expects="a whole number >= 1 or auto")(value)
 
 
 # Fields that act only beside another field's values; typed without them they would do nothing, so are refused.
-ONLY_WITH = dict.fromkeys(("muon_lr", "muon_momentum"), ("optimizer", ("muon",))) | {"decay_frac": ("lr_schedule", ("wsd",))} \
+ONLY_WITH = dict.fromkeys(("muon_lr", "muon_momentum"), ("optimizer", ("muon",))) \
     | dict.fromkeys(("min_lr", "lr_decay_iters"), ("lr_schedule", ("cosine", "wsd"))) \
-    | dict.fromkeys(("wandb_project", "wandb_run_name"), ("wandb", (True,)))
+    | dict.fromkeys(("wandb_project", "wandb_run_name"), ("wandb", (True,))) | {"decay_frac": ("lr_schedule", ("wsd",))}
 
 
 def check_typed(cfg: TrainConfig, typed: Iterable[str]) -> None:
@@ -186,8 +163,8 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-_CHECKS = {f.name: {"batch_size": micro_batch, "seed": seed}.get(f.name) or converter(
-    _TYPES[f.name], f.metadata["bounds"] or BOUNDS.get(f.name, ">= 0")) for f in fields(TrainConfig)}
+_CHECKS = {f.name: {"batch_size": micro_batch, "seed": seed}.get(f.name) or f.metadata["check"]
+           or converter(_TYPES[f.name], lo=0) for f in fields(TrainConfig)}
 BASE = TrainConfig()
 
 
@@ -199,34 +176,35 @@ def available_configs() -> list[str]:
 def named_config(name: str) -> TrainConfig:
     names = available_configs()
     if name not in names:
-        hint = closest(name, names)
-        raise UserError(f"unknown config {name!r}; " + (f"did you mean {hint!r}? " if hint else "")
-                        + f"choose one of {', '.join(names)}, a .toml file or a run directory")
+        raise UserError(f"unknown config {name!r}; {_did_you_mean(name, names)}choose one of {', '.join(names)}, "
+                        "a .toml file or a run directory")
     cfg = getattr(importlib.import_module(f"configs.{name}"), "CONFIG", None)
     if not isinstance(cfg, TrainConfig):  # a broken preset is a bug, not a user error
         raise TypeError(f"configs/{name}.py must define CONFIG = replace(BASE, ...)")
     return replace(cfg, name=name)
 
 
-def config_file_keys(path: Path) -> set[str]:
-    import tomllib  # here, not at the top: Python < 3.11 can still run the named configs
+def read_config_file(path: Path) -> Any:
+    """A .json or TOML file's contents; a file that cannot be read or parsed is a UserError."""
+    try:
+        if path.suffix == ".json":
+            return json.loads(path.read_text())
+        import tomllib  # here, not at the top: Python < 3.11 can still run the named configs
 
-    return set(tomllib.loads(path.read_text()))
+        return tomllib.loads(path.read_text())
+    except (OSError, ValueError) as e:  # JSON and TOML syntax errors are ValueErrors
+        raise UserError(f"cannot read config file {path}: {e}") from None
+
+
+def _did_you_mean(word: str, options: Sequence[str]) -> str:
+    return f"did you mean {hint!r}? " if (hint := closest(word, options)) else ""
 
 
 def config_file(path: Path) -> TrainConfig:
     """A TOML file of field values (base = "<preset>" to start from one, else from BASE), or a
     run's config.json (written by train.py as cfg.to_dict()); a run directory means its config.json."""
     path = path / "config.json" if path.is_dir() else path
-    try:
-        if path.suffix == ".json":
-            data = json.loads(path.read_text())
-        else:
-            import tomllib  # here, not at the top: Python < 3.11 can still run the named configs
-
-            data = tomllib.loads(path.read_text())
-    except (OSError, ValueError) as e:  # JSON and TOML syntax errors are ValueErrors
-        raise UserError(f"cannot read config file {path}: {e}") from None
+    data = read_config_file(path)
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected an object of TrainConfig fields, got {type(data).__name__}")
     if path.suffix == ".json":  # a run's settings, not its place: training again must not write into it
@@ -239,9 +217,8 @@ def config_file(path: Path) -> TrainConfig:
     values = {}
     for key, value in data.items():
         if key not in FIELDS:
-            hint = closest(key, FIELDS)
-            raise UserError(f"{path}: unknown key {key!r}; " + (f"did you mean {hint!r}? " if hint else "")
-                            + "the keys are TrainConfig's fields (train.py --help)")
+            raise UserError(f"{path}: unknown key {key!r}; {_did_you_mean(key, FIELDS)}the keys are TrainConfig's "
+                            "fields (train.py --help)")
         try:
             values[key] = _CHECKS[key](value)
         except ArgumentTypeError as e:
@@ -251,8 +228,7 @@ def config_file(path: Path) -> TrainConfig:
 
 def run_named(config: str) -> Path | None:
     """The run directory a --config value names (the folder or its config.json; a preset first), else None."""
-    path = Path(config)
-    run = path.parent if path.name == "config.json" else path
+    run = Path(config).parent if Path(config).name == "config.json" else Path(config)
     return run if config not in available_configs() and (run / "config.json").is_file() else None
 
 
@@ -275,29 +251,28 @@ def resolve_config(config: str) -> TrainConfig:
 
 
 def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig) -> None:
-    """--config (default: `config`, the one selected) and one option per TrainConfig field, in
-    --help sections, with defaults from `base`, the config it selected."""
+    """--config (default: `config`) and one option per TrainConfig field, defaulting to `base`'s value."""
     group = parser.add_argument_group("config")
     group.add_argument("--config", default=config, metavar="NAME|FILE|RUN_DIR",
                        help=f"a preset ({', '.join(available_configs())}), a .toml file of fields "
                             "(base = \"small\" starts from a preset), or a run directory / its config.json")
+    groups = {"config": group}  # the model's fields come first (inherited), but --help lists --config first
     for f in fields(TrainConfig):
-        if f.metadata["section"] not in ("", group.title):
-            group = parser.add_argument_group(f.metadata["section"])
+        section = f.metadata["section"]
+        if section and section not in groups:
+            groups[section] = parser.add_argument_group(section)
+        group = groups.get(section, group)
         kind = argument(_TYPES[f.name], _CHECKS[f.name]) | ({"metavar": "INT|auto"} if f.name == "batch_size" else {})
         group.add_argument(_flag(f.name), default=getattr(base, f.name), help=f.metadata["help"], **kind)
 
 
 def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> tuple[TrainConfig, Namespace]:
-    """Parse `argv` as train.py does: `--config` picks the starting config (its values become the
-    defaults --help shows), every field is a flag, and `parser`'s own (script-level) flags come
-    back in the namespace beside `config`. --resume takes what is not typed from the run's config.json."""
+    """Parse `argv` as train.py does: `--config` picks the starting config (and --help's defaults), every field
+    is a flag, and `parser`'s own flags come back in the namespace; --resume takes the rest from the run's config."""
     argv = sys.argv[1:] if argv is None else list(argv)
     first = ArgumentParser(add_help=False)
     first.add_argument("--config", default="small")
-    config = first.parse_known_args(argv)[0].config
-    base = resolve_config(config)
-    add_config_arguments(parser, config, base)
+    add_config_arguments(parser, config := first.parse_known_args(argv)[0].config, base := resolve_config(config))
     untyped = object()  # argparse sets a default only where the namespace has no value yet
     args = vars(parser.parse_args(argv, Namespace(**dict.fromkeys(FIELDS, untyped))))
     typed = {k: v for k in FIELDS if (v := args.pop(k)) is not untyped}
@@ -310,7 +285,7 @@ def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> t
     check_typed(cfg, typed)
     if Path(config).suffix == ".toml":  # its fields were set by hand as well
         try:
-            check_typed(cfg, config_file_keys(Path(config)) - set(typed))
+            check_typed(cfg, set(read_config_file(Path(config))) - set(typed))
         except UserError as e:
             raise UserError(f"{config}: {e}") from None
     return cfg, Namespace(**args)

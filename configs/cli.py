@@ -1,15 +1,15 @@
-"""The command line every script shares: argparse with a few habits added.
+"""The command line every script shares: argparse through its public API, with a few habits added.
 
     parser = ArgumentParser(prog="python sample.py", description=__doc__)
-    parser.add_argument("--top-k", type=integer, help="keep the k most likely tokens")
+    parser.add_argument("--top-k", type=integer(lo=1), help="keep the k most likely tokens")
     parser.add_argument("--device", default="auto", **argument(Literal["auto", "cpu"]))
     parser.add_argument("--force", action=Flag, help="rebuild even if up to date")
     args = parser.parse_args(argv)
 
-`--max_iters=5` means `--max-iters 5` (nanoGPT habits work); booleans are `--force`, `--no-force`
-or `--force false`; --help shows the script's docstring as written and every default; bad input
-is one UserError line with a "did you mean"; prefixes are refused (`--max-iter` must not quietly
-set --max-iters).
+Every `--top-k` is also `--top_k` (nanoGPT habits work); booleans are `--force`, `--no-force`, `--force=false`
+or `--force false` (a word after a boolean flag is its value only if it is true/false/1/0/yes/no/on/off);
+--help shows the script's docstring as written and every default; bad input is one UserError line with a
+"did you mean"; prefixes are refused (`--max-iter` must not quietly set --max-iters).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import math
 import re
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import field
+from functools import partial
 from typing import Any, Literal, NoReturn, get_args, get_origin
 
 from .errors import UserError
@@ -31,25 +33,24 @@ ALIASES = {"gpu": "cuda", "fp32": "float32", "bf16": "bfloat16", "fp16": "float1
 
 def closest(word: str, options: Sequence[str]) -> str | None:
     """The option a typo most likely meant, or None."""
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return close[0] if close else None
+    return next(iter(difflib.get_close_matches(word, options, n=1, cutoff=0.6)), None)
 
 
 class Number:
-    """An int or float from text or a TOML/JSON value, finite (1e4 and 2_000 are fine; 2.5 for an int, true, nan
-    are not) and within `bounds`, which the message quotes: integer.within(">= 1"), number.within("[0, 1)")."""
+    """An int or float from text or a TOML/JSON value, finite and from lo to hi (ends included unless open).
+    integer(lo=1) is >= 1, number(0, 1, hi_open=True) is [0, 1); 1e4 and 2_000 are fine, 2.5 for an int is not."""
 
-    def __init__(self, kind: type, bounds: str = "", expects: str = "") -> None:
-        self.kind, (self.metavar, self.noun) = kind, ("INT", "an integer") if kind is int else ("FLOAT", "a number")
-        lo, _, hi = re.sub(r"^>=? (\S+)$", r"\1,inf", bounds or "-inf,inf").strip("[]() ").partition(",")
-        self.lo, self.hi, self.closed = float(lo), float(hi), (bounds.startswith(("[", ">=")), bounds.endswith("]"))
-        self.expects = expects or f"{self.noun} {'in ' * (bounds[:1] in '[(')}{bounds}"
-
-    def within(self, bounds: str) -> Number:
-        return Number(self.kind, bounds)
+    def __init__(self, kind: type, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False,
+                 hi_open: bool = False, expects: str = "") -> None:
+        self.kind, self.lo, self.hi, self.lo_open, self.hi_open = kind, lo, hi, lo_open, hi_open
+        self.noun, self.metavar = ("an integer", "INT") if kind is int else ("a number", "FLOAT")
+        above = f" {'>' if lo_open else '>='} {lo}" if lo > -math.inf else ""
+        within = f" in {'[('[lo_open]}{lo}, {hi}{'])'[hi_open]}" if hi < math.inf else above
+        self.expects = expects or self.noun + within
 
     def holds(self, x: float) -> bool:
-        return (self.lo < x or self.closed[0] and x == self.lo) and (x < self.hi or self.closed[1] and x == self.hi)
+        above = self.lo < x or not self.lo_open and x == self.lo
+        return math.isfinite(x) and above and (x < self.hi or not self.hi_open and x == self.hi)
 
     def __call__(self, value: Any) -> Any:
         try:
@@ -61,14 +62,19 @@ class Number:
             raise argparse.ArgumentTypeError(f"expects {self.noun}, got {value!r}") from None
         if self.kind is int and self.hi == math.inf and abs(x) >= 2**31:  # torch's sizes and counts are C ints
             raise argparse.ArgumentTypeError(f"expects {self.noun} below 2**31, got {value!r}")
-        if not self.holds(x):  # inf and nan too: no option means them (max_time 0 is none)
-            expects = self.expects if abs(x) < math.inf else "a finite number"
+        if not self.holds(x):
+            expects = self.expects if math.isfinite(x) else "a finite number"  # no option means inf or nan
             raise argparse.ArgumentTypeError(f"expects {expects}, got {value!r}")
         return x
 
 
-integer, number = Number(int), Number(float)
-seed = Number(int, f"[0, {2**32})", "a seed from 0 to 2**32 - 1 (torch keeps 32 bits)")  # 2**32 would repeat 0
+integer, number = partial(Number, int), partial(Number, float)
+seed = Number(int, 0, 2**32, hi_open=True, expects="a seed from 0 to 2**32 - 1 (torch keeps 32 bits)")  # 2**32 is 0
+
+
+def setting(default: Any, help: str, section: str = "", check: Number | None = None) -> Any:
+    """A config field with its --help line, the --help group it starts, and its check (default: by its type, >= 0)."""
+    return field(default=default, metadata={"help": help, "section": section, "check": check})
 
 
 def boolean(value: Any) -> bool:
@@ -92,23 +98,17 @@ class Choice:
 
 
 def text(value: Any) -> str:
-    """A string field's check: a TOML/JSON value must be text already (str() would make [1] a folder name)."""
+    """A string field's check: str() would make a TOML/JSON [1] a folder name."""
     if isinstance(value, str):
         return value
     raise argparse.ArgumentTypeError(f"expects text, got {value!r}")
 
 
-def converter(annotation: Any, bounds: str = "") -> Callable[[Any], Any]:
-    """Checks and converts a command-line string or a TOML/JSON value to `annotation`; raises ArgumentTypeError."""
+def converter(annotation: Any, lo: float = -math.inf) -> Callable[[Any], Any]:
+    """Checks and converts a command-line string or a TOML/JSON value to `annotation` (a number: at least lo)."""
     if get_origin(annotation) is Literal:
         return Choice(get_args(annotation))
-    return {int: integer.within(bounds), float: number.within(bounds), bool: boolean, str: text}[annotation]
-
-
-def one_of(options: Sequence[str]) -> dict[str, Any]:
-    """add_argument keywords for a choice: choices= lists them in --help; Choice rejects a bad
-    value before argparse does, with a "did you mean"."""
-    return {"type": Choice(options), "choices": tuple(options)}
+    return {int: integer(lo), float: number(lo), bool: boolean, str: text}[annotation]
 
 
 def argument(annotation: Any, check: Callable[[Any], Any] | None = None) -> dict[str, Any]:
@@ -118,72 +118,75 @@ def argument(annotation: Any, check: Callable[[Any], Any] | None = None) -> dict
     return {"type": check or converter(annotation), "choices": get_args(annotation) or None}
 
 
-class Flag(argparse.Action):
-    """A boolean option: `--x` is true, `--no-x` false, `--x VALUE` / `--x=VALUE` says which."""
+class Store(argparse.Action):
+    """argparse's "store", but an option also gets nanoGPT's spelling (`--max_iters`), its type's metavar
+    (INT) and its default in --help."""
+
+    def __init__(self, option_strings: list[str], dest: str, default: Any = None, type: Any = None,
+                 metavar: Any = None, help: str | None = None, **kwargs: Any) -> None:
+        twins = ["--" + s[2:].replace("-", "_") for s in option_strings if s.startswith("--")]
+        if option_strings and isinstance(default, (bool, int, float, str)) and "%(default)" not in (help or "") \
+                and help != argparse.SUPPRESS:
+            help = f"{help or ''} (default: %(default)r)".lstrip()
+        super().__init__([*option_strings, *(s for s in twins if s not in option_strings)], dest, default=default,
+                         type=type, metavar=metavar or getattr(type, "metavar", None), help=help, **kwargs)
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, value: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, value)
+
+
+class Append(Store):
+    def __call__(self, parser: Any, namespace: argparse.Namespace, value: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), value])
+
+
+class Flag(Store):
+    """A boolean option: `--x` is true, `--no-x` false, `--x=VALUE` or `--x true` says which."""
 
     def __init__(self, option_strings: list[str], dest: str, default: bool = False, **kwargs: Any) -> None:
         negated = [f"--no-{s[2:]}" for s in option_strings if s.startswith("--")]
         super().__init__([*option_strings, *negated], dest, nargs="?", type=boolean, default=default,
                          metavar="BOOL", **kwargs)
+        self.negated = {s for s in self.option_strings if s.startswith(("--no-", "--no_"))} - set(option_strings)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
-                 option_string: str | None = None) -> None:
-        negated = option_string is not None and option_string.startswith("--no-")
-        if negated and value is not None:
+    def __call__(self, parser: Any, namespace: argparse.Namespace, value: Any, option_string: Any = None) -> None:
+        if option_string in self.negated and value is not None:
             raise argparse.ArgumentError(None, f"{option_string} takes no value")
-        setattr(namespace, self.dest, not negated if value is None else value)
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The description as written; every option with its default; `--x, --no-x` for a Flag."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        help = action.help or ""
-        shown = isinstance(action.default, (bool, int, float, str)) and action.default is not argparse.SUPPRESS
-        if not shown or not action.option_strings or "%(default)" in help:
-            return help
-        return f"{help} (default: %(default)r)".lstrip()
-
-    def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
-        return getattr(action.type, "metavar", action.dest.upper())
-
-    def _format_action_invocation(self, action: argparse.Action) -> str:
-        if isinstance(action, Flag):
-            return ", ".join(action.option_strings)
-        return super()._format_action_invocation(action)
+        setattr(namespace, self.dest, option_string not in self.negated if value is None else value)
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse.ArgumentParser with the habits in this module's docstring."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, allow_abbrev=False, **kwargs)
-        self._negative_number_matcher = re.compile(r"^-(\.?\d|inf|nan)", re.I)  # `--lr -1e-3`: a value, no option
+        self.options = ["--help"] if self.add_help else []  # the long options an unknown one is matched against
+        self.flags: dict[str, Flag] = {}
+        # add_argument looks an action up in this registry, which argument groups share
+        for name, action in ((None, Store), ("store", Store), ("append", Append), (Flag, Flag)):
+            self.register("action", name, partial(self.noted, action))
+        # The one private name here: argparse's own pattern takes `-1e-3`, `-inf` and `-nan` for options, so
+        # `--lr -1e-3` would be "expected one argument" instead of a range.
+        self._negative_number_matcher = re.compile(r"^-(\.?\d|inf|nan)", re.I)
+
+    def noted(self, action: type[argparse.Action], **kwargs: Any) -> argparse.Action:
+        """Makes the action and notes its long options (not the nanoGPT spellings) for "did you mean"."""
+        made = action(**kwargs)
+        self.options += [s for s in made.option_strings if s.startswith("--") and "_" not in s]
+        self.flags |= dict.fromkeys(made.option_strings, made) if isinstance(made, Flag) else {}
+        return made
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
-        return super().parse_known_args(self._spelled_out(sys.argv[1:] if args is None else args), namespace)
-
-    def _spelled_out(self, argv: Sequence[str]) -> list[str]:
-        """`--max_iters=5` -> `--max-iters=5` (the flag's name, never a value, nothing after `--`); a boolean
-        flag takes the next word only when it is true/false, so `--force NAME` keeps NAME for the positional:
-        `--force` -> `--force=true`, `--no-force` -> `--force=false`."""
-        out = list(argv)
-        for i, arg in enumerate(argv):
-            if arg == "--":
-                break
-            if arg.startswith("--"):
-                flag, eq, value = arg.partition("=")
-                arg = out[i] = flag.replace("_", "-") + eq + value
-            action = self._option_string_actions.get(arg)
-            if isinstance(action, Flag):
-                following = argv[i + 1].lower() if i + 1 < len(argv) else ""
-                if arg.startswith("--no-"):
-                    out[i] = f"{action.option_strings[0]}=false"
-                elif following not in TRUE + FALSE:
-                    out[i] = f"{arg}=true"
-        return out
+        """A bare boolean flag before a word that is not true/false is written `--x=true` (`--no-x`: `--x=false`),
+        as argparse would take the word (`--force shakespeare_char`) for the flag's value."""
+        args = list(sys.argv[1:] if args is None else args)
+        end = args.index("--") if "--" in args else len(args)
+        for i, (arg, after) in enumerate(zip(args[:end], [*args[1:end], "--"])):
+            if (flag := self.flags.get(arg)) and after.lower() not in TRUE + FALSE:
+                args[i] = f"{flag.option_strings[0]}={str(arg not in flag.negated).lower()}"
+        return super().parse_known_args(args, namespace)
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
@@ -193,10 +196,9 @@ class ArgumentParser(argparse.ArgumentParser):
         if not unknown[0].startswith("-") or unknown[0] == "--":
             self.error(f"unexpected argument {unknown[0]!r} (see --help)")
         flag = unknown[0].partition("=")[0]
-        names = [s[2:] for s in self._option_string_actions if s.startswith("--")]
-        hint = closest(flag.lstrip("-"), names)
+        hint = closest(flag.lstrip("-").replace("_", "-"), [s[2:] for s in self.options])
         self.error(f"unknown option {flag!r}; " + (f"did you mean --{hint}?" if hint else "see --help for the options"))
 
     def error(self, message: str) -> NoReturn:
-        # argparse writes "argument --x/--no-x: problem"; the first spelling names it well enough
-        raise UserError(re.sub(r"^argument (\S+?)(?:/\S+)?: ", r"\1: ", message))
+        # argparse names an option by all its spellings, "argument --x/--x_y/--no-x: problem"; the first is enough
+        raise UserError(re.sub(r"argument (-[^/\s:]+)[^\s:]*", r"argument \1", message).removeprefix("argument "))

@@ -1,8 +1,6 @@
 """How a script starts and ends: one line and exit status 2 for a mistake a user can fix (UserError).
 
-The wrapper `entry_point` gives every script that line (a bad flag, a missing file, ...); anything
-else is a bug and keeps its traceback. It also makes the standard streams safe to write to,
-whatever the shell gave the script (`StandardStream`).
+Anything else is a bug and keeps its traceback; `entry_point` also makes the standard streams safe to write to.
 """
 
 from __future__ import annotations
@@ -25,15 +23,13 @@ class UserError(Exception):
 
 
 def first_line(e: BaseException, limit: int = 200) -> str:
-    """An exception's first non-blank line (at most `limit` characters), else its type's name:
-    what a one-line message quotes of a library's error."""
+    """An exception's first non-blank line (at most `limit` characters), else its type's name."""
     line = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
     return line[:limit] or type(e).__name__
 
 
 def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
-    """Decorate a script's main(): a UserError prints `error: <message>` to stderr and returns 2;
-    Ctrl-C one line and 130; --help returns 0."""
+    """Decorate a script's main(): a UserError prints `error: <message>` and returns 2, Ctrl-C 130, --help 0."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs) -> int:
@@ -63,8 +59,7 @@ def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
     return wrapper
 
 
-# Variables that name a folder for a library this project uses (torch.compile's cache, Hugging Face's,
-# wandb's, matplotlib's, temporary files): naming a file, each failed deep inside that library.
+# Folders of the libraries this project uses: naming a file, each failed deep inside that library.
 FOLDER_VARIABLES = ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE",
                     "WANDB_DIR", "WANDB_CACHE_DIR", "MPLCONFIGDIR", "XDG_CACHE_HOME")
 
@@ -75,9 +70,8 @@ def check_folder_variables() -> None:
 
 
 def start_script(module: str) -> None:
-    """A script's first statement, given its __name__: run as a script, Ctrl-C during its imports
-    (seconds for torch's), where KeyboardInterrupt would be a traceback, is one line and the shell's 130,
-    and so is a working folder deleted under the shell (torch's import would blame its own install)."""
+    """A script's first statement, given its __name__: Ctrl-C during its imports (seconds for torch's) is one line
+    and 130, not a traceback, and a deleted working folder one line and 2 (torch's import would blame itself)."""
     if module != "__main__":
         return
     try:
@@ -90,15 +84,13 @@ def start_script(module: str) -> None:
 
 
 def interrupted(*_: Any) -> NoReturn:
-    """Exits at once: an exception raised inside an import can come out as another (numpy turns it
-    into an ImportError), and an import has nothing to clean up."""
+    """Exits at once: an exception raised inside an import can come out as another, and there is no cleanup."""
     print(INTERRUPTED, file=sys.stderr, flush=True)
     os._exit(130)
 
 
 def _bytes_back_else_escape(e: UnicodeError) -> tuple[str | bytes, int]:
-    """Python's stand-ins for bytes that were not text (a file name, an argument) are written back as those
-    bytes, so a printed path is the path; any other character the encoding lacks comes out as `\\u2603`."""
+    """Bytes that were not text (a file name) are written back as those bytes; other characters as `\\u2603`."""
     try:
         return codecs.lookup_error("surrogateescape")(e)
     except UnicodeError:
@@ -106,11 +98,9 @@ def _bytes_back_else_escape(e: UnicodeError) -> tuple[str | bytes, int]:
 
 
 class StandardStream:
-    """stdout or stderr as a script needs it, whatever the shell gave: closed (`2>&-`), it is /dev/null,
-    whose descriptor no file opened later (a checkpoint) can then take; text its encoding cannot show
-    (`PYTHONIOENCODING=ascii`) comes out escaped (_bytes_back_else_escape); a pipe whose reader left (`| head -1`) swallows the rest.
-    Then a training run, which handles SIGPIPE as a stop signal (training/budget.py), saves and exits 141;
-    any other command ends at once, quietly, with the same status (entry_point)."""
+    """stdout or stderr whatever the shell gave: closed (`2>&-`) it is /dev/null, so no later file takes its
+    descriptor; text the encoding lacks is escaped; a pipe whose reader left (`| head -1`) swallows the rest, after
+    which a training run saves and exits 141 (SIGPIPE is its stop signal) and any other command exits at once."""
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream

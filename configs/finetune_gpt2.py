@@ -11,13 +11,12 @@ dozen steps is enough (Shakespeare is ~300k tokens, so longer runs overfit).
 from dataclasses import replace
 
 from configs import BASE
-from configs.model import GPT2_SHAPE
 
 CONFIG = replace(
     BASE,
     dataset="shakespeare",
     init_from="gpt2",
-    **GPT2_SHAPE, dropout=0.1,  # the shape is the weights' (for --plan, GPT-2 small's)
+    dropout=0.1,  # the shape comes from the weights; --plan uses GPTConfig's default, GPT-2 small's
     batch_size=4, tokens_per_step=32768,
     lr=3e-5, min_lr=3e-5, warmup_iters=0, lr_schedule="constant",
     weight_decay=0.0, beta2=0.99,

@@ -12,12 +12,11 @@
 from dataclasses import replace
 
 from configs import BASE
-from configs.model import GPT2_SHAPE
 
 CONFIG = replace(
     BASE,
     dataset="fineweb_edu",
-    **GPT2_SHAPE, dropout=0.0,
+    dropout=0.0,  # the shape is GPTConfig's default: GPT-2 small
     vocab_size=50304,  # 50257 padded to a multiple of 128: faster matmuls, the extra rows go unused
     batch_size=32, tokens_per_step=524288,
     lr=6e-4, min_lr=6e-5, warmup_iters=715, lr_schedule="cosine",

@@ -1,61 +1,56 @@
-"""GPTConfig: the model's shape and architecture switches. Pure data, no torch."""
+"""GPTConfig: the network's shape and switches, each with one default, a --help line and a check."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from .cli import integer, number
+from .cli import integer, number, setting
 from .errors import UserError
 
-CHOICES = {"pos_emb": ("learned", "rope"), "norm": ("layernorm", "rmsnorm"),
-           "activation": ("gelu", "gelu_exact", "relu2"), "attention": ("sdpa", "explicit")}
 
-# Caps where a size stops being a model: each block is Python objects, a few ms to build even on the meta
-# device (the plan's), so 2e9 layers would hang, and DeepNet's 1,000 are the deepest published; each block
-# registers a T x T mask, 1 TiB at T = 2**20, past any machine (and past 2**63 bytes at 2**30).
-BOUNDS = dict.fromkeys("vocab_size n_head n_embd mlp_ratio".split(), ">= 1") | {
-    "dropout": "[0, 1)", "n_layer": "[1, 1000]", "block_size": "[1, 1048576]"}
-
-
-@dataclass
+@dataclass(frozen=True)
 class GPTConfig:
-    """Defaults are GPT-2 small (124M). The switches select the modern variant
-    (RoPE, RMSNorm, ReLU^2, QK-norm, no biases) within the same GPT class."""
+    """Defaults are GPT-2 small (124M). The switches select the modern variant (RoPE, RMSNorm, ReLU^2, QK-norm,
+    no biases) within the same GPT class. TrainConfig inherits these fields, so each is also a train.py flag."""
 
-    vocab_size: int = 50257
-    block_size: int = 1024
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True  # biases in Linear layers and norms; GPT-2 has them
-    pos_emb: str = "learned"  # learned absolute positions (GPT-2) or rotary
-    norm: str = "layernorm"
-    activation: str = "gelu"  # GPT-2's tanh-approximated GELU, the exact (erf) one, or relu(x)^2
-    qk_norm: bool = False  # normalise queries and keys per head before the dot product
-    tie_weights: bool = True  # lm_head shares its weight with the token embedding
-    mlp_ratio: int = 4
-    norm_eps: float = 1e-5
-    rope_base: float = 10000.0
-    # Both give the same numbers: F.scaled_dot_product_attention (flash kernels on a GPU), or
-    # softmax(QK^T / sqrt(hs) + mask) V spelled out (what model.trace reads attention maps from).
-    attention: str = "sdpa"
+    vocab_size: int = setting(50257, "rows of the token embedding (GPT-2's BPE has 50257)", "model",
+                              integer(lo=1))
+    # Each block registers a T x T mask, which at T = 2**20 would already take 1 TiB.
+    block_size: int = setting(1024, "context length in tokens", check=integer(1, 2**20))
+    # Each block is Python objects that take a few ms to build, so 2e9 layers would hang; DeepNet's 1,000
+    # layers are the deepest published.
+    n_layer: int = setting(12, "transformer blocks", check=integer(1, 1000))
+    n_head: int = setting(12, "attention heads per block; must divide n_embd", check=integer(lo=1))
+    n_embd: int = setting(768, "width of the residual stream", check=integer(lo=1))
+    dropout: float = setting(0.0, "only while training; > 0 helps small data, not big corpora",
+                             check=number(0, 1, hi_open=True))
+    bias: bool = setting(True, "biases in Linear layers and norms, as GPT-2 has")
+    pos_emb: Literal["learned", "rope"] = setting("learned", "learned absolute positions (GPT-2) or rotary")
+    norm: Literal["layernorm", "rmsnorm"] = setting("layernorm", "LayerNorm (GPT-2) or RMSNorm")
+    activation: Literal["gelu", "gelu_exact", "relu2"] = setting("gelu", "GPT-2's tanh GELU, exact GELU or "
+                                                                 "relu(x)^2")
+    qk_norm: bool = setting(False, "normalise queries and keys per head before their dot product")
+    tie_weights: bool = setting(True, "lm_head shares its weight with the token embedding")
+    mlp_ratio: int = setting(4, "the MLP's hidden width as a multiple of n_embd", check=integer(lo=1))
+    norm_eps: float = setting(1e-5, "the epsilon of every norm layer")
+    rope_base: float = setting(10000.0, "rope: the base of the rotary frequencies")
+    attention: Literal["sdpa", "explicit"] = setting("sdpa", "F.scaled_dot_product_attention or the spelled-out "
+                                                     "softmax(QK^T)V: same numbers, speed depends on the device")
 
     def __post_init__(self) -> None:
-        for name, bounds in BOUNDS.items():  # and TrainConfig's flags of these names, as they are parsed
-            value, rule = getattr(self, name), (number if name == "dropout" else integer).within(bounds)
-            if type(value) not in (int, rule.kind) or not rule.holds(value):  # no bool, no 2.0 for an int
-                raise UserError(f"model config: {name} expects {rule.expects}, got {value!r}")
+        for f in fields(GPTConfig):
+            value, check, hint = getattr(self, f.name), f.metadata["check"], HINTS[f.name]
+            if check and (type(value) not in (int, check.kind) or not check.holds(value)):  # no bool, no 2.0
+                raise UserError(f"model config: {f.name} expects {check.expects}, got {value!r}")
+            if get_origin(hint) is Literal and value not in get_args(hint):
+                raise UserError(f"model config: {f.name} must be one of {get_args(hint)}, got {value!r}")
         if self.n_embd % self.n_head:
             divisors = [h for h in range(1, 17) if self.n_embd % h == 0]
             raise UserError(f"model config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); pass "
                             f"--n-head as one of {divisors} or another --n-embd")
         if self.pos_emb == "rope" and self.head_size % 2:
             raise UserError(f"model config: rope needs an even head size, got {self.head_size}")
-        for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise UserError(f"model config: {name} must be one of {allowed}, got {getattr(self, name)!r}")
 
     @property
     def head_size(self) -> int:
@@ -71,5 +66,4 @@ class GPTConfig:
         return cls(**{k: v for k, v in {**d, **overrides}.items() if k in known})
 
 
-# GPT-2 small's shape is GPTConfig's defaults: the presets that train or fine-tune it take it from here.
-GPT2_SHAPE = {k: getattr(GPTConfig, k) for k in ("n_layer", "n_head", "n_embd", "block_size")}
+HINTS = get_type_hints(GPTConfig)

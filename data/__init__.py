@@ -1,8 +1,8 @@
 """Data: tokenizers, token files, batch loaders and `python -m data.prepare`.
 
-The names load on first use, not here: `python -m data.prepare` runs this first, and only then its
-own code, which makes Ctrl-C during numpy's import one line; the loader needs torch, slow to import.
-``data.prepare`` is not imported here, so `python -m` runs it only once.
+The names load on first use. `python -m data.prepare` runs this file before its own code, which must come
+first to make Ctrl-C during numpy's import one line, and the loader needs torch, which is slow to import.
+data.prepare is not among them, so that `python -m` runs it only once.
 """
 
 import importlib

@@ -1,13 +1,10 @@
 """manifest.json, what a prepared dataset is: read, checked and compared where a model meets data.
 
-Compared on --resume, --init-from and sampling.
-
-Fields: name, tokenizer ("char" | "gpt2"), vocab_size, chars (char only: the vocabulary as one
-string, id = index), eot_id (gpt2: 50256; char: null), train_tokens, val_tokens, dtype, source
-(what was read), sha256 (of the local files' bytes; for hub datasets, of the documents' UTF-8 text
-as read), version (token-file format), val_fraction, split_by, doc_separator.
-A token id means something only under its own vocabulary (under another, a model produces
-confident nonsense), so every mismatch is refused.
+Its fields are name, tokenizer ("char" or "gpt2"), vocab_size, chars (char only: the vocabulary as one string,
+a token id being an index into it), eot_id (50256 for gpt2, null for char), train_tokens, val_tokens, dtype,
+source (what was read), sha256 (of the local files' bytes, or of a hub dataset's documents as read), version
+(of the token-file format), val_fraction, split_by and doc_separator. A token id means something only under
+its own vocabulary, so --resume, --init-from and sampling refuse every mismatch.
 """
 
 from __future__ import annotations
@@ -21,12 +18,11 @@ from configs.errors import UserError, first_line
 from .tokenfile import read_header
 
 VOCABULARY = ("tokenizer", "vocab_size", "chars", "eot_id")  # what each token id means
-COUNTS = ("train_tokens", "val_tokens")
 REPREPARE = "re-run the `python -m data.prepare` command that made it"
 
 
 def check_manifest(manifest: Any, where: str, fix: str = REPREPARE) -> dict[str, Any]:
-    """manifest itself if it names a tokenizer and its vocabulary, else a UserError."""
+    """The manifest itself if it names a tokenizer and its vocabulary; else a UserError."""
     if not isinstance(manifest, dict):
         problem = f"a JSON {type(manifest).__name__}, not an object"
     else:
@@ -39,17 +35,17 @@ def check_manifest(manifest: Any, where: str, fix: str = REPREPARE) -> dict[str,
 
 
 def read_manifest(path: str | Path, fix: str = REPREPARE) -> dict[str, Any]:
-    """A manifest.json, checked; missing, truncated, binary or wrong-shaped files are one UserError."""
+    """A manifest.json, checked. A missing, truncated, binary or wrong-shaped file is one UserError."""
     try:
         manifest = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:  # ValueError: bad JSON, or bytes that are not UTF-8
+    except (OSError, ValueError) as e:  # a ValueError is bad JSON, or bytes that are not UTF-8
         reason = e.strerror if isinstance(e, OSError) else first_line(e, 120)
         raise UserError(f"cannot read {path} ({reason}); {fix}") from None
     return check_manifest(manifest, str(path), fix)
 
 
 def read_dataset_manifest(ds_dir: str | Path) -> dict[str, Any]:
-    """A prepared dataset's manifest, checked against its token files' headers (32 bytes each)."""
+    """A prepared dataset's manifest, checked against the headers of its token files."""
     ds_dir = Path(ds_dir)
     manifest = read_manifest(ds_dir / "manifest.json")
     for split in ("train", "val"):
@@ -61,7 +57,8 @@ def read_dataset_manifest(ds_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def differences(old: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...] = VOCABULARY + COUNTS) -> list[str]:
+def differences(old: dict[str, Any], new: dict[str, Any],
+                keys: tuple[str, ...] = (*VOCABULARY, "train_tokens", "val_tokens")) -> list[str]:
     """How new differs from old in keys, e.g. ["vocab_size 65 -> 58", "chars -'XZ' +'\\t'"]."""
     changes = []
     for key in keys:

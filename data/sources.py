@@ -1,10 +1,8 @@
-"""Where corpus text comes from: a ``Source`` per kind, read by `datasets`.
+"""Where corpus text comes from: a ``Source`` per kind, each read by `datasets`.
 
-Local sources hash their bytes up front, so a prepared dataset is cheap to check, and are streamed
-(no copy in the datasets cache). Text is UTF-8 (or UTF-16/32: text_encoding) with universal
-newlines; undecodable bytes become U+FFFD, with a note, since rejecting a large scraped corpus over a
-few bad bytes helps nobody. A .txt file with NUL bytes is binary (or UTF-16 without a byte-order mark):
-refused.
+Local sources are hashed up front, so that a prepared dataset is cheap to check, and streamed, so that nothing
+is copied into the datasets cache. Bytes that are not UTF-8 become U+FFFD with a note: a few of them in a
+large scraped corpus are no reason to refuse it.
 """
 
 from __future__ import annotations
@@ -28,23 +26,26 @@ from configs.errors import UserError, first_line
 from .tokenizer import host_reachable
 
 FORMATS = {".txt": "text", ".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
-COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # single-file compressions datasets reads (via fsspec)
-_ESCAPED = re.compile("[\udc80-\udcff]")  # the bytes UTF-8 cannot decode, as surrogateescape keeps them
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # the single-file compressions datasets reads, through fsspec
+_ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that UTF-8 cannot decode, as surrogateescape keeps them
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # UTF-32 LE's starts with UTF-16 LE's
 
 
 @dataclass
 class Source:
-    label: str  # for messages: "corpus.txt", "hub dataset 'x'"
-    description: dict[str, Any]  # JSON-safe; recorded in the manifest
+    label: str  # what messages call it, e.g. "corpus corpus.txt" or "hub dataset 'x'"
+    description: dict[str, Any]  # JSON-safe, recorded in the manifest
     documents: Callable[[], Iterator[str]]  # a fresh pass over the documents on each call
     sha256: str | None = None  # of the raw bytes, for local sources
-    total: int | None = None  # number of documents when known (progress bar)
-    text: Callable[[], str] | None = None  # set for single-text sources (split by characters)
+    total: int | None = None  # the number of documents when known, for the progress bar
+    single: bool = False  # one text, its one document split by characters
 
 
 def hash_files(paths: Iterable[Path]) -> str:
-    """sha256 of the files' bytes, checking the UTF-8 .txt files on the way (NUL bytes, U+FFFD: see above)."""
-    h, bad = hashlib.sha256(), Counter[str]()  # file: bytes read as U+FFFD
+    """The sha256 of the files' bytes. UTF-8 .txt files are checked on the way: NUL bytes are refused, and bytes
+    that do not decode are counted in one note."""
+    h, bad = hashlib.sha256(), Counter[str]()  # bytes read as U+FFFD, per file
     for p in paths:
         decode = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode
         check = p.suffix.lower() == ".txt" and text_encoding(p).startswith("utf-8")
@@ -56,7 +57,7 @@ def hash_files(paths: Iterable[Path]) -> str:
                                     "take it out of the corpus")
                 bad[str(p)] += len(_ESCAPED.findall(decode(block))) if check else 0
         bad[str(p)] += len(_ESCAPED.findall(decode(b"", final=True)))  # a sequence cut off at the end
-    if bad := +bad:  # + drops the files without any
+    if bad := +bad:  # the unary + drops the files without any
         names = ", ".join(list(bad)[:3]) + (", ..." if len(bad) > 3 else "")
         print(f"note: {len(bad)} file(s) not valid UTF-8 ({names}): {sum(bad.values()):,} undecodable bytes "
               "read as U+FFFD", file=sys.stderr)
@@ -64,85 +65,56 @@ def hash_files(paths: Iterable[Path]) -> str:
 
 
 def split_name(path: Path) -> tuple[str, str]:
-    """corpus.jsonl.gz -> ("corpus", ".jsonl"): the file name less its compression and format suffixes."""
-    name = path.name
-    compression = next((c for c in COMPRESSIONS if name.lower().endswith(c)), "")
-    stem, ext = os.path.splitext(name[: len(name) - len(compression)])
+    """The file name less its compression, and its format suffix: corpus.jsonl.gz gives ("corpus", ".jsonl")."""
+    compression = next((c for c in COMPRESSIONS if path.name.lower().endswith(c)), "")
+    stem, ext = os.path.splitext(path.name[: len(path.name) - len(compression)])
     return stem, ext.lower()
 
 
+def text_encoding(path: Path) -> str:
+    """A text file's encoding: its byte-order mark's, else UTF-16 when most character pairs have a zero high
+    byte (Latin text, since UTF-8 text has no zero bytes), else UTF-8. Compressed files are taken for UTF-8."""
+    if "".join(split_name(path)) != path.name:
+        return "utf-8"
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)  # 64 KiB tell as much as the whole file
+    even, odd = head[0::2].count(0), head[1::2].count(0)
+    return next((encoding for bom, encoding in _BOMS if head.startswith(bom)), None) or (
+        "utf-16-le" if odd > len(head) // 4 > even else "utf-16-be" if even > len(head) // 4 > odd else "utf-8")
+
+
 @contextlib.contextmanager
-def _quiet_datasets() -> Iterator[None]:
-    """datasets logs a failed read ("Failed to load JSON from file ...") before raising it: one line (ours) is enough."""
-    log, level = logging.getLogger("datasets"), logging.getLogger("datasets").level
-    log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
-def _open(where: str, fix: str, *args: Any, load: str = "load_dataset", offline: bool = True, **kwargs: Any) -> Any:
-    """datasets.<load>(*args, **kwargs); its failures become one line naming `where` and `fix`.
-    offline: local data needs no hub, and datasets then skips its download-count request per file."""
+def _reading(where: str, fix: str, offline: bool = False) -> Iterator[Any]:
+    """The datasets module, a failure of which becomes one line naming `where` and `fix`. Its log, which would
+    print the error first, is silenced meanwhile. offline=True keeps it off the hub, which local data does not
+    need; datasets then also skips its download-count request per file."""
     import datasets
 
-    saved = datasets.config.HF_HUB_OFFLINE
+    log, saved = logging.getLogger("datasets"), datasets.config.HF_HUB_OFFLINE
+    level = log.level
+    log.setLevel(logging.CRITICAL)
     datasets.config.HF_HUB_OFFLINE = saved or offline
     try:
-        with _quiet_datasets():
-            return getattr(datasets, load)(*args, **kwargs)
+        yield datasets
     except Exception as e:
         raise UserError(f"could not read {where}: {first_line(e)}; {fix}") from e
     finally:
+        log.setLevel(level)
         datasets.config.HF_HUB_OFFLINE = saved
 
 
-# UTF-32 LE first: its byte-order mark starts with UTF-16 LE's
-_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
-         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
-
-
-def text_encoding(path: Path) -> str:
-    """A text file's encoding: its byte-order mark's; else UTF-16 when most character pairs have a zero
-    high byte (Latin text; UTF-8 text has no zero bytes); else UTF-8. Compressed files: UTF-8."""
-    if split_name(path)[0] + split_name(path)[1] != path.name:
-        return "utf-8"
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)  # 64 KiB tell as well as the whole file
-    for bom, encoding in _BOMS:
-        if head.startswith(bom):
-            return encoding
-    even, odd = head[0::2].count(0), head[1::2].count(0)
-    if odd > len(head) // 4 > even:
-        return "utf-16-le"
-    if even > len(head) // 4 > odd:
-        return "utf-16-be"
-    return "utf-8"
-
-
 def _column_texts(ds: Any, column: str, where: str) -> Iterator[str]:
-    """The ``column`` of each row of a datasets (Iterable)Dataset; skips empty cells."""
-    def no_column(columns: Iterable[str]) -> UserError:
-        return UserError(f"{where} has no column {column!r} (columns: {', '.join(columns)}); "
-                         "pick one with --text-column")
-
-    if ds.column_names is not None and column not in ds.column_names:  # None: checked on the first batch
-        raise no_column(ds.column_names)
-    it = iter(ds.iter(batch_size=1024))  # column batches: far faster than a dict per row
+    """The non-empty ``column`` cells of a datasets (Iterable)Dataset, read in column batches (fast)."""
+    batches = iter(ds.iter(batch_size=1024))
     while True:
-        try:
-            with _quiet_datasets():
-                batch = next(it)
-        except StopIteration:
+        with _reading(where, "check the file/dataset"):  # around the datasets reader only, not this code
+            batch = next(batches, None)
+        if batch is None:
             return
-        except Exception as e:  # only the datasets reader runs inside next(); our code is outside
-            raise UserError(f"could not read {where}: {first_line(e)}; check the file/dataset") from e
         if column not in batch:
-            raise no_column(batch)
-        for value in batch[column]:
-            if value is None or value == "":
-                continue
+            raise UserError(f"{where} has no column {column!r} (columns: {', '.join(batch)}); "
+                            "pick one with --text-column")
+        for value in filter(lambda v: v is not None and v != "", batch[column]):
             if not isinstance(value, str):
                 raise UserError(f"column {column!r} of {where} holds {type(value).__name__}, not text; "
                                 "pick a text column with --text-column")
@@ -152,48 +124,42 @@ def _column_texts(ds: Any, column: str, where: str) -> Iterator[str]:
 def _read_texts(paths: list[Path], where: str) -> Iterator[str]:
     """Each text file as one document, in the encoding text_encoding finds."""
     for path in paths:
-        encoding = text_encoding(path)
-        if not encoding.startswith("utf-8"):
+        if not (encoding := text_encoding(path)).startswith("utf-8"):
             print(f"note: {path} is {encoding.upper()} text, not UTF-8; decoding it as {encoding.upper()}",
                   file=sys.stderr)
-        ds = _open(where, "check the file", "text", data_files=[str(path)], split="train",
-                   streaming=True, encoding=encoding, sample_by="document", encoding_errors="replace")
+        with _reading(where, "check the file", offline=True) as datasets:
+            ds = datasets.load_dataset("text", data_files=[str(path)], split="train", streaming=True,
+                                       encoding=encoding, sample_by="document", encoding_errors="replace")
         yield from _column_texts(ds, "text", where)
 
 
 def text_source(path: str | os.PathLike) -> Source:
     """One text file (a single text, split by characters) or a folder of text files (documents)."""
     path = Path(path)
-    if path.is_file():
-        where = f"corpus {path}"
-        return Source(label=where, description={"kind": "text", "path": str(path)},
-                      documents=lambda: _read_texts([path], where), text=lambda: "".join(_read_texts([path], where)),
-                      sha256=hash_files([path]), total=1)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and split_name(p)[1] == ".txt")
-        if not files:
-            raise UserError(f"folder {path} has no text files (.txt, or compressed .txt.gz ...); "
-                            "put text files in it or point --text at a file")
-        where = f"folder {path}"
-        return Source(label=where, description={"kind": "text_folder", "path": str(path), "files": len(files)},
-                      documents=lambda: _read_texts(files, where), sha256=hash_files(files),
-                      total=len(files))
-    what = f"{path} is not a regular file (a device or a pipe)" if path.exists() else f"no such file or folder: {path}"
-    raise UserError(f"{what}; give --text a text file or a folder of text files")
+    if not (single := path.is_file()) and not path.is_dir():
+        what = (f"{path} is not a regular file (a device or a pipe)" if path.exists()
+                else f"no such file or folder: {path}")
+        raise UserError(f"{what}; give --text a text file or a folder of text files")
+    files = [path] if single else sorted(p for p in path.rglob("*") if p.is_file() and split_name(p)[1] == ".txt")
+    if not files:
+        raise UserError(f"folder {path} has no text files (.txt, or compressed .txt.gz ...); "
+                        "put text files in it or point --text at a file")
+    where = f"{'corpus' if single else 'folder'} {path}"
+    description = {"kind": "text", "path": str(path)} if single else {
+        "kind": "text_folder", "path": str(path), "files": len(files)}
+    return Source(where, description, lambda: _read_texts(files, where), hash_files(files), len(files), single)
 
 
 def files_source(paths: Iterable[str | os.PathLike], text_column: str = "text") -> Source:
     """Local .txt (one document per file), parquet, jsonl/json or csv files, maybe compressed."""
     files = [Path(p) for p in paths]
-    for p in files:
-        if not p.is_file():
-            raise UserError(f"{p} is a folder; give --text a folder, --files its files" if p.is_dir()
-                            else f"no such file: {p}; check the path given to --files")
-    kinds = {FORMATS.get(split_name(p)[1]) for p in files}  # the datasets builder that reads each
-    if None in kinds:
-        bad = next(p for p in files if split_name(p)[1] not in FORMATS)
+    if p := next((p for p in files if not p.is_file()), None):
+        raise UserError(f"{p} is a folder; give --text a folder, --files its files" if p.is_dir()
+                        else f"no such file: {p}; check the path given to --files")
+    if bad := next((p for p in files if split_name(p)[1] not in FORMATS), None):
         raise UserError(f"unsupported file type {''.join(bad.suffixes[-2:]) or '(none)'} for {bad}; --files takes "
                         f"{', '.join(FORMATS)}, optionally compressed ({', '.join(COMPRESSIONS)})")
+    kinds = {FORMATS[split_name(p)[1]] for p in files}  # the datasets builder that reads each
     if len(kinds) > 1:
         raise UserError("--files mixes formats (" + ", ".join(sorted(kinds)) + "); give one format per run")
     builder = kinds.pop()
@@ -204,57 +170,53 @@ def files_source(paths: Iterable[str | os.PathLike], text_column: str = "text") 
     def documents() -> Iterator[str]:
         if builder == "text":
             return _read_texts(files, where)
-        ds = _open(where, "check the files' format", builder, data_files=[str(p) for p in files], split="train",
-                   streaming=True)
+        with _reading(where, "check the files' format", offline=True) as datasets:
+            ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", streaming=True)
         return _column_texts(ds, text_column, where)
 
-    return Source(label=where, description={"kind": "files", "format": builder, "paths": [str(p) for p in files],
-                                            "text_column": text_column}, documents=documents, sha256=hash_files(files))
+    return Source(where, {"kind": "files", "format": builder, "paths": [str(p) for p in files],
+                          "text_column": text_column}, documents, hash_files(files))
 
 
 def dataset_source(name: str, subset: str | None = None, split: str = "train", text_column: str = "text",
                    streaming: bool = False, revision: str | None = None) -> Source:
-    """A dataset directory on disk (data files, or `save_to_disk` output), else a Hugging Face hub
-    dataset. Only a hub dataset asks the network, and only when it is not cached."""
-    path = Path(name)
+    """A dataset directory on disk (data files, or `save_to_disk` output), else a Hugging Face hub dataset, which
+    asks the network only when it is not cached."""
+    path, common = Path(name), {"subset": subset, "split": split, "text_column": text_column}
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts)
         where = f"dataset directory {path}"
-        return Source(label=where, description={"kind": "dataset_dir", "path": str(path), "subset": subset,
-                                                "split": split, "text_column": text_column},
-                      documents=lambda: _column_texts(_local_dataset(where, path, subset, split), text_column, where),
-                      sha256=hash_files(files))
+        return Source(where, {"kind": "dataset_dir", "path": str(path), **common},
+                      lambda: _column_texts(_local_dataset(where, path, subset, split), text_column, where),
+                      hash_files(files))
     where = f"hub dataset {name!r}" + (f" ({subset})" if subset else "")
-    return Source(label=where, description={"kind": "hub", "name": name, "subset": subset, "split": split,
-                                            "revision": revision, "text_column": text_column, "streaming": streaming},
-                  documents=lambda: _column_texts(_hub_dataset(where, name, subset, split, revision, streaming),
-                                                  text_column, where))
+    return Source(where, {"kind": "hub", "name": name, **common, "revision": revision, "streaming": streaming},
+                  lambda: _column_texts(_hub_dataset(where, name, subset, split, revision, streaming),
+                                        text_column, where))
 
 
 def _local_dataset(where: str, path: Path, subset: str | None, split: str) -> Any:
-    fix = "check --subset/--split and the folder's data files"
-    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():  # save_to_disk output
-        ds = _open(where, fix, str(path), load="load_from_disk")
-        if isinstance(ds, dict):  # a DatasetDict: one Dataset per split
-            if split not in ds:
-                raise UserError(f"{where} has no split {split!r} (splits: {', '.join(ds)}); pick one with --split")
-            ds = ds[split]
-        return ds
-    return _open(where, fix, str(path), subset, split=split, streaming=True)
+    with _reading(where, "check --subset/--split and the folder's data files", offline=True) as datasets:
+        if not (path / "dataset_dict.json").is_file() and not (path / "state.json").is_file():  # no save_to_disk's
+            return datasets.load_dataset(str(path), subset, split=split, streaming=True)
+        ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, dict) and split not in ds:  # a DatasetDict, one Dataset per split
+        raise UserError(f"{where} has no split {split!r} (splits: {', '.join(ds)}); pick one with --split")
+    return ds[split] if isinstance(ds, dict) else ds
 
 
 def _hub_dataset(where: str, name: str, subset: str | None, split: str, revision: str | None, streaming: bool) -> Any:
+    """Offline, datasets retries for long before it falls back to its cache, so look first. When the hub is away,
+    ask datasets for its cached copy, of a dataset loaded before without --streaming."""
     import datasets
 
     fix = (f"where there is network, run `hf download {name} --repo-type dataset --local-dir data/hub/{name}` "
            f"(--include PATTERN for part of it) and pass --hf data/hub/{name}")
     host = urlparse(datasets.config.HF_ENDPOINT).hostname or "huggingface.co"
-    # Offline, datasets retries for long before it falls back to its cache. So look first, and when
-    # the hub is away ask datasets for its cached copy (of a dataset loaded before without --streaming).
     offline = datasets.config.HF_HUB_OFFLINE or not host_reachable(host)
     if offline and streaming:
         raise UserError(f"cannot reach {host} to stream {where}; {fix}")
     why = ("it is not in the datasets cache and the hub cannot be reached" if offline
            else "check the name/--subset/--split/--revision")
-    return _open(where, f"{why}; {fix}", name, subset, split=split, revision=revision, streaming=streaming,
-                 offline=offline)
+    with _reading(where, f"{why}; {fix}", offline):
+        return datasets.load_dataset(name, subset, split=split, revision=revision, streaming=streaming)

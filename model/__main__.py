@@ -21,9 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m model", description=__doc__)
     p.add_argument("--config", default="small", metavar="NAME|FILE|RUN_DIR",
                    help=f"a preset ({', '.join(available_configs())}), a .toml file or a run directory")
-    p.add_argument("--batch-size", type=integer.within(">= 1"), default=1, help="rows of the dummy input")
-    p.add_argument("--seq-len", type=integer.within(">= 1"), help="tokens per row (default: the config's block_size)")
-    p.add_argument("--blocks", type=integer.within(">= 0"), default=1, help="how many blocks to show module by module")
+    p.add_argument("--batch-size", type=integer(lo=1), default=1, help="rows of the dummy input")
+    p.add_argument("--seq-len", type=integer(lo=1), help="tokens per row (default: the config's block_size)")
+    p.add_argument("--blocks", type=integer(lo=0), default=1, help="how many blocks to show module by module")
     args = p.parse_args(argv)
     import torch
 

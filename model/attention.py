@@ -23,9 +23,8 @@ def lengths_to_mask(valid_lens: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class CausalSelfAttention(nn.Module):
-    """Fused multi-head attention, the GPT's. A query with no key to attend to (every key hidden:
-    a cross-attention context or cached step with nothing real for it) gets attention 0, so its
-    output is c_proj's bias: SDPA's safe softmax gives 0, and the explicit path does the same."""
+    """Fused multi-head causal self-attention, the GPT's. A query with no key to attend to (a cached padding
+    step with nothing real before it) gets attention 0 on both paths, so its output is c_proj's bias."""
 
     def __init__(self, config: GPTConfig, layer_idx: int = 0):
         super().__init__()
@@ -40,61 +39,39 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.q_norm = RMSNorm(self.head_size, config.norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_size, config.norm_eps) if config.qk_norm else None
-        # True above the diagonal: the future. Derived from block_size alone, so not saved with the weights.
-        future = torch.ones(config.block_size, config.block_size, dtype=torch.bool).triu_(1)  # in place: no 2nd copy
+        # True above the diagonal, the future. It follows from block_size, so it is not saved with the weights.
+        future = torch.ones(config.block_size, config.block_size, dtype=torch.bool).triu_(1)
         self.register_buffer("causal_mask", future, persistent=False)
 
-    def forward(self, x: torch.Tensor, *, context: torch.Tensor | None = None,
-                padding_mask: torch.Tensor | None = None, valid_lens: torch.Tensor | None = None,
+    def forward(self, x: torch.Tensor, *, padding_mask: torch.Tensor | None = None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
                 kv_cache: KVCache | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C). context: (B, Tc, C) keys/values come from here instead of x
-        (cross-attention, no causal mask). padding_mask: (B, Tk) bool, True marks a real key;
-        valid_lens: (B,) the same for right-padded keys. rotary: (cos, sin) for the query positions.
-        kv_cache: keys/values of earlier positions; this call writes the step's slots (KVCache.begin,
-        called by the GPT) and attends by the cache's mask instead."""
+        """x (B, T, C) -> (B, T, C). padding_mask (B, T) is True at real tokens; rotary is (cos, sin) for the
+        query positions. With kv_cache, keys and values go to the step's slots and the cache's mask applies."""
         B, T, C = x.size()
-        if context is None:
-            q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, 3C) -> 3 x (B, T, C)
-        else:  # the same weights: queries from x, keys and values from context
-            if kv_cache is not None:
-                raise ValueError("a KV cache is for self-attention; cross-attention keys do not grow")
-            w, b = self.c_attn.weight, self.c_attn.bias
-            q = F.linear(x, w[:C], None if b is None else b[:C])  # (B, T, C)
-            k, v = F.linear(context, w[C:], None if b is None else b[C:]).split(C, dim=2)  # (B, Tc, 2C) -> 2 x (B, Tc, C)
-        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, T, C) -> (B, nh, T, hs)
-        k = k.view(B, -1, self.n_head, self.head_size).transpose(1, 2)  # (B, Tk, C) -> (B, nh, Tk, hs)
-        v = v.view(B, -1, self.n_head, self.head_size).transpose(1, 2)  # (B, Tk, C) -> (B, nh, Tk, hs)
+        # (B, T, 3C) -> 3 x (B, T, C) -> 3 x (B, nh, T, hs)
+        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if rotary is not None and context is None:
+        if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-
-        mask = None  # bool (B|1, 1, T, Tk), True = attend; None: all but the future
+        mask = None  # bool (B, 1, T, Tk), True = attend. None means plain causal, which SDPA runs fastest.
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)  # (B, nh, max_len, hs): every slot
             mask = kv_cache.attn_mask  # (B, 1, T, max_len): which slots each query sees
-        elif padding_mask is not None or valid_lens is not None:
-            if valid_lens is not None:
-                padding_mask = lengths_to_mask(valid_lens, k.size(2))
-            mask = padding_mask[:, None, None, :]  # (B, Tk) -> (B, 1, 1, Tk), broadcast over heads
-            if context is None:
-                # A padding query sees no real key before it; letting it see itself (the diagonal)
-                # keeps its softmax finite. Its output is garbage that nothing downstream reads.
-                eye = torch.eye(T, dtype=torch.bool, device=mask.device)
-                mask = (mask & ~self.causal_mask[:T, :T]) | eye
-        causal = mask is None and context is None  # the flash kernel's is_causal: no mask to read
+        elif padding_mask is not None:
+            # A padding query sees no real key before it, so it also sees itself (the diagonal) to keep
+            # its softmax finite. Its output is garbage that nothing downstream reads.
+            eye = torch.eye(T, dtype=torch.bool, device=x.device)
+            mask = (padding_mask[:, None, None, :] & ~self.causal_mask[:T, :T]) | eye  # (B, T) -> (B, 1, T, T)
         if self.use_sdpa:  # what the config names runs, compiled or not (a device's faster path is a config's)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and T > 1,
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                                dropout_p=self.dropout if self.training else 0.0)
         else:  # softmax(q k^T / sqrt(hs)) v, spelled out
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_size))  # (B, nh, T, Tk)
-            if causal:
-                att = att.masked_fill(self.causal_mask[:T, :T], float("-inf"))
-            elif mask is not None:
-                att = att.masked_fill(~mask, float("-inf"))
+            att = att.masked_fill(self.causal_mask[:T, :T] if mask is None else ~mask, float("-inf"))
             att = F.softmax(att.float(), dim=-1).type_as(q)
-            if mask is not None:  # an all-hidden row's softmax is NaN: 0, as SDPA gives
+            if mask is not None:  # A row that hides every key has a NaN softmax; SDPA gives it 0, so do we.
                 att = att.masked_fill(~mask.any(-1, keepdim=True), 0.0)
             att = self.attn_dropout(att)  # the weights pass here: model/trace.py reads them with a hook
             y = att @ v  # (B, nh, T, Tk) @ (B, nh, Tk, hs) -> (B, nh, T, hs)
@@ -112,13 +89,12 @@ class Head(nn.Module):
         self.key = nn.Linear(key_size, head_size, bias=bias)
         self.value = nn.Linear(value_size, head_size, bias=bias)
         self.dropout = nn.Dropout(dropout)
-        future = torch.triu(torch.ones(max_seq_len, max_seq_len, dtype=torch.bool), 1) if max_seq_len is not None else None
+        future = None if max_seq_len is None else torch.ones(max_seq_len, max_seq_len, dtype=torch.bool).triu(1)
         self.register_buffer("causal_mask", future, persistent=False)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 keep: torch.Tensor | None, fill: float = -1e9) -> torch.Tensor:
-        """keep: bool, True = attend, broadcastable to (B, Tq, Tk); a hidden key's score becomes fill.
-        Returns (B, Tq, hs)."""
+        """-> (B, Tq, hs). keep (bool, True = attend) broadcasts to (B, Tq, Tk); a hidden key scores fill."""
         q, k, v = self.query(query), self.key(key), self.value(value)  # (B, Tq, hs), 2 x (B, Tk, hs)
         att = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5  # (B, Tq, hs) @ (B, hs, Tk) -> (B, Tq, Tk)
         if keep is not None:
@@ -130,10 +106,8 @@ class Head(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """num_heads independent heads, concatenated, projected to emb_size. head_size is free of the
-    width; query/key/value inputs may each have their own width (default emb_size). causal=True
-    gives each head a (max_seq_len, max_seq_len) triu buffer. One dropout rate for the attention
-    weights and the output."""
+    """num_heads independent heads, concatenated and projected to emb_size. Queries, keys and values may each
+    have their own width (default emb_size); causal=True gives each head a (max_seq_len, max_seq_len) triu mask."""
 
     def __init__(self, *, num_heads: int, emb_size: int, head_size: int, query_size: int | None = None,
                  key_size: int | None = None, value_size: int | None = None, causal: bool = False,
@@ -149,26 +123,26 @@ class MultiHeadAttention(nn.Module):
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, *, valid_lens: torch.Tensor | None = None) -> torch.Tensor:
         """query (B, Tq, query_size), key (B, Tk, key_size), value (B, Tk, value_size) -> (B, Tq, emb_size).
-        key defaults to query and value to key (self-attention). mask: which keys each query may see,
-        bool (True = attend) or 0/1 float (0 = hide), shaped (Tq, Tk), (B, 1, 1, Tk) or (B, 1, Tq, Tk).
-        valid_lens: (B,) or (B, Tq) int, keys at or past it are hidden. A hidden key's score is the
-        write-ups' large negative number, not -inf: -1e9 with a mask (scores.masked_fill(mask == 0, -1e9)),
-        -1e6 with valid_lens alone (d2l's masked_softmax); so a query that sees no key averages the values
-        (a causal module's: the values up to it)."""
+        key defaults to query and value to key. mask says which keys each query may see: bool (True = attend)
+        or 0/1 float, shaped (Tq, Tk), (B, 1, 1, Tk) or (B, 1, Tq, Tk). valid_lens (B,) or (B, Tq) hides the keys
+        at or past it. A hidden key scores the write-ups' -1e9 with a mask, d2l's -1e6 with valid_lens alone,
+        not -inf, so a query that sees no key averages the values (a causal module's: those up to it)."""
         key = query if key is None else key
         value = key if value is None else value
         keep = None
         if mask is not None:
             # Both write-up signatures put a tensor fourth: refuse lengths here, not misread them.
             if mask.dim() not in (2, 4) or not (mask.dtype == torch.bool or mask.is_floating_point()):
-                raise ValueError("mask is bool or 0/1 float, (Tq, Tk) or (B, 1, Tq|1, Tk); pass lengths as valid_lens=")
+                raise ValueError("mask is bool or 0/1 float, (Tq, Tk) or (B, 1, Tq|1, Tk); "
+                                 "pass lengths as valid_lens=")
             keep = (mask if mask.dim() == 2 else mask.squeeze(1)) != 0  # (B, 1, Tq|1, Tk) -> (B, Tq|1, Tk)
         if valid_lens is not None:
             lens = valid_lens[:, None] if valid_lens.dim() == 1 else valid_lens  # (B,) -> (B, 1), all queries alike
             lens_keep = lengths_to_mask(lens, key.size(1))  # (B, Tq|1) -> (B, Tq|1, Tk)
             keep = lens_keep if keep is None else keep & lens_keep
-        fill = -1e9 if mask is not None else -1e6  # the (q, k, v, mask) write-up's; d2l's masked_softmax's
-        y = torch.cat([h(query, key, value, keep, fill) for h in self.heads], dim=-1)  # nh x (B, Tq, hs) -> (B, Tq, nh * hs)
+        fill = -1e9 if mask is not None else -1e6
+        # nh x (B, Tq, hs) -> (B, Tq, nh * hs)
+        y = torch.cat([h(query, key, value, keep, fill) for h in self.heads], dim=-1)
         return self.dropout(self.proj(y))  # (B, Tq, nh * hs) -> (B, Tq, emb_size)
 
     @classmethod

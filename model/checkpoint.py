@@ -1,19 +1,15 @@
 """Checkpoints: saved atomically, found in a run directory, loaded safely, turned back into a GPT.
 
-A run directory (out/<config>/) holds ckpt.pt (the latest, what --resume continues) and best.pt
-(the lowest val loss so far). A checkpoint is one dict of tensors and plain Python containers,
-so it loads with `torch.load(weights_only=True)` (no pickled code runs when opening one):
-
-    model          state_dict of the raw module (never the compiled or DDP wrapper)
-    model_config   dataclasses.asdict(GPTConfig)
-    train_config   dataclasses.asdict(TrainConfig)
-    optimizer, scaler, step, loader, rng, best_val, wandb_id, manifest, version
+A run directory (out/<config>/) holds ckpt.pt (the latest, what --resume continues) and best.pt (the
+lowest val loss so far). A checkpoint is one dict of tensors and plain containers, so it loads with
+torch.load(weights_only=True) and runs no pickled code: model (the raw module's state_dict), model_config
+and train_config (as dicts), optimizer, scaler, step, loader, rng, best_val, wandb_id, manifest, version.
 """
 
 from __future__ import annotations
 
 import os
-import re
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -39,8 +35,8 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
 
 
 def find_checkpoint(path: str | Path | None = None, best: bool = False, config: str = "") -> Path:
-    """The checkpoint of a run dir (best=True: its best.pt if any, else ckpt.pt) or a .pt file; None: out/small.
-    config: the --config the run dir came from, for the hint when there is none."""
+    """The checkpoint of a run directory (with best, its best.pt if any, else ckpt.pt) or a .pt file; None is
+    out/small. config is the --config the run came from, for the hint when there is no checkpoint."""
     if path is not None and not str(path):  # Path("") is ".": it would name the current folder
         raise UserError("an empty run path names nothing; give a run directory or a .pt file")
     p = Path(path if path is not None else "out/small")
@@ -56,18 +52,19 @@ def find_checkpoint(path: str | Path | None = None, best: bool = False, config: 
                         f"{run}, or copy {run / BEST_NAME} to {p} to resume from there")
     if is_dataset(run):  # training into it is refused, so say what it is
         raise UserError(f"{run} is a prepared dataset, not a run; give a run directory or a .pt file")
-    if any((run / w).is_file() for w in ("model.safetensors", "pytorch_model.bin")):  # e.g. model.hf export's output
+    if any((run / w).is_file() for w in ("model.safetensors", "pytorch_model.bin")):  # e.g. an export's output
         raise UserError(f"{run} is an exported Hugging Face model, not a run; load it with transformers, or "
                         f"fine-tune from it with `python train.py --init-from {run}`")
-    train = f"--config {config}" if config else "--config small" + ("" if run == Path("out/small") else f" --out-dir {run}")
+    out_dir = "" if run == Path("out/small") else f" --out-dir {run}"
+    train = f"--config {config}" if config else f"--config small{out_dir}"
     runs = sorted(str(c.parent) for c in Path("out").glob(f"*/{CKPT_NAME}"))
     hint = f" (runs with a checkpoint: {', '.join(runs)})" if runs else ""
     raise UserError(f"no checkpoint at {p}; train one first: `python train.py {train}`{hint}")
 
 
 def keep_best(run_dir: str | Path) -> Path:
-    """Make best.pt the ckpt.pt just written: a hard link (no copy; the next atomic replace of
-    ckpt.pt makes a new file and leaves this one alone), or a copy where links are not allowed."""
+    """Make best.pt a hard link to the ckpt.pt just written (its next atomic replace leaves best.pt alone),
+    or a copy where links are not allowed."""
     run_dir = Path(run_dir)
     best, tmp = run_dir / BEST_NAME, run_dir / f".{BEST_NAME}.{os.getpid()}.tmp"
     try:
@@ -92,12 +89,17 @@ def load_checkpoint(path: str | Path | None = None, best: bool = False) -> dict[
     p = find_checkpoint(path, best)
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated zip, random bytes, pickled objects...: all unusable
-        # Not torch's advice (weights_only=False runs the file's code), and only its first sentence.
-        found, reason = re.search(r"GLOBAL (\S+)", str(e)), first_line(e, 300).split(". ")[0]
-        reason = (f" (it holds pickled Python objects ({found[1]}), which could run code)" if found
-                  else "" if reason.startswith("Weights only load failed") else f" ({reason})")
-        raise UserError(f"checkpoint {p} is corrupt or not a checkpoint{reason}; delete it or point to another run") from None
+    except Exception as e:  # a truncated zip, random bytes, pickled objects: all unusable
+        # At most torch's first sentence, never its advice (weights_only=False would run the file's code).
+        reason = f" ({first_line(e).split('. ')[0]})"
+        if isinstance(e, pickle.UnpicklingError):  # random bytes (torch's text is only advice), or pickled objects
+            try:
+                unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(p)
+            except (ValueError, RuntimeError):  # not a torch.save zip, or no pickle inside
+                unsafe = []
+            reason = f" (it holds pickled Python objects ({', '.join(unsafe)}), which could run code)" if unsafe else ""
+        raise UserError(f"checkpoint {p} is corrupt or not a checkpoint{reason}; "
+                        "delete it or point to another run") from None
     if not isinstance(ckpt, dict) or not {"model", "model_config"} <= ckpt.keys():
         raise UserError(f"{p} is not a checkpoint of this project (no model/model_config); "
                         "for Hugging Face GPT-2 weights use --init-from <dir>")
@@ -105,7 +107,7 @@ def load_checkpoint(path: str | Path | None = None, best: bool = False) -> dict[
 
 
 def model_from_checkpoint(ckpt: dict[str, Any], where: str | Path, **overrides: Any) -> GPT:
-    """The GPT that checkpoint `where` describes, with its weights; overrides (e.g. dropout) go into GPTConfig."""
+    """The GPT that checkpoint `where` describes, with its weights. overrides (e.g. dropout) go into GPTConfig."""
     try:
         model = GPT(GPTConfig.from_dict(ckpt["model_config"], **overrides))
         model.load_state_dict(ckpt["model"])

@@ -3,25 +3,24 @@
 Shapes through one forward pass (B batch, T time, C = n_embd, V = vocab_size):
     idx (B, T) -> wte (B, T, C) [+ wpe (1|B, T, C)] -> h[0..n_layer-1] (B, T, C)
     -> ln_f (B, T, C) -> lm_head (B, T, V)
-`python -m model --config small` prints this walk for a real config.
-"""
+`python -m model --config small` prints this walk for a real config."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import CausalSelfAttention, lengths_to_mask
-from .kv_cache import KVCache, decode
+from .attention import CausalSelfAttention
 from .layers import Rotary, make_norm
 
 if TYPE_CHECKING:  # annotations only
     from configs.model import GPTConfig
+
+    from .kv_cache import KVCache
 
 
 class MLP(nn.Module):
@@ -67,7 +66,8 @@ class GPT(nn.Module):
         ))
         if config.pos_emb == "learned":
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
-        self.rotary = Rotary(config.head_size, config.block_size, config.rope_base) if config.pos_emb == "rope" else None
+        rope = config.pos_emb == "rope"
+        self.rotary = Rotary(config.head_size, config.block_size, config.rope_base) if rope else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
@@ -75,8 +75,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """GPT-2's scheme: every Linear and Embedding weight ~ N(0, 0.02), biases zero (norms start
-        at one); the projections that write into the residual stream (attn.c_proj, mlp.c_proj) use
+        """GPT-2's scheme: weights ~ N(0, 0.02), biases zero; the residual projections (c_proj) use
         0.02 / sqrt(2 * n_layer), so the residual's variance does not grow with depth."""
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, module in self.named_modules():
@@ -94,38 +93,28 @@ class GPT(nn.Module):
         return n
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs per token (forward + backward = 3x forward): 6 per weight of every
-        matmul (the lm_head included, the embedding lookups not) plus attention's
-        12 * n_layer * n_embd * seq_len, the usual convention for MFU (PaLM, appendix B)."""
+        """Training FLOPs per token, the MFU convention (PaLM, appendix B): 6 per matmul weight (lm_head
+        included, embedding lookups not) plus attention's 12 * n_layer * n_embd * seq_len."""
         T = seq_len or self.config.block_size
         matmul_params = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         return 6 * matmul_params + 12 * self.config.n_layer * self.config.n_embd * T
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                padding_mask: torch.Tensor | None = None, valid_lens: torch.Tensor | None = None,
+                padding_mask: torch.Tensor | None = None,
                 kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) token ids -> (logits (B, T, V), loss or None).
-
-        targets (B, T): next-token ids; positions holding -1 (padding) are left out of the loss.
-        padding_mask (B, T) bool, True = real token, or valid_lens (B,) for right padding:
-        padding never serves as a key, and positions count real tokens only, so a
-        left-padded row gives the same logits as the same row unpadded.
-        (Hidden states and attention weights: model/trace.py catches them with hooks.)
-        """
-        x = self.trunk(idx, padding_mask, valid_lens, kv_cache)
+        """idx (B, T) token ids -> (logits (B, T, V), loss or None); targets of -1 are left out of the loss.
+        padding_mask (B, T), True at real tokens, gives a left-padded row the logits of the row unpadded."""
+        x = self.trunk(idx, padding_mask, kv_cache)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, C) -> (B, T, V)
         if targets is None:
             return logits, None
         return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)  # (B*T, V)
 
-    def trunk(self, idx: torch.Tensor, padding_mask: torch.Tensor | None = None, valid_lens: torch.Tensor | None = None,
+    def trunk(self, idx: torch.Tensor, padding_mask: torch.Tensor | None = None,
               kv_cache: KVCache | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
-        """Everything before the final norm: (B, T) ids -> residual stream (B, T, C).
-        With kv_cache the tokens go to the cache's next slots, or to `slots` (T,) when the
-        caller claimed them (a compiled decode step reads no Python int that changes)."""
+        """Everything before the final norm: (B, T) ids -> residual stream (B, T, C). With kv_cache the
+        tokens go to its next slots, or to the slots (T,) that a compiled step claimed."""
         B, T = idx.size()
-        if valid_lens is not None:
-            padding_mask = lengths_to_mask(valid_lens, T)
         if kv_cache is not None:  # the cache's attn_mask carries the padding from here on
             pos = kv_cache.begin(kv_cache.claim(T) if slots is None else slots, padding_mask)  # (B, T)
         elif T > self.config.block_size:
@@ -143,24 +132,3 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x, padding_mask=padding_mask, rotary=rotary, kv_cache=kv_cache)
         return x
-
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_id: int | None = None, padding_mask: torch.Tensor | None = None,
-                 generator: torch.Generator | None = None, use_cache: bool = True,
-                 compile: bool = False) -> Iterator[torch.Tensor]:
-        """Yield (B,) new token ids, one step at a time, for streaming (the loop: kv_cache.decode).
-
-        idx (B, T) prompts, left-padded where padding_mask (B, T) is False; temperature 0 is greedy.
-        Rows that produced eos_id keep yielding it; the iterator ends when all have. Decoding never
-        stops for length: past block_size the context slides. use_cache=False recomputes the last
-        block_size tokens every step (the reference); compile=True decodes DECODE_CHUNK tokens per
-        torch.compile'd call. The model is in eval mode while generating.
-        """
-        was_training = self.training
-        self.eval()
-        try:
-            yield from decode(self, idx, max_new_tokens, temperature, top_k, top_p, eos_id, padding_mask,
-                              generator, use_cache, compile)
-        finally:
-            self.train(was_training)

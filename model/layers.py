@@ -6,28 +6,21 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 if TYPE_CHECKING:  # annotations only
     from configs.model import GPTConfig
 
 
-class RMSNorm(nn.Module):
-    """x / rms(x) * weight: LayerNorm without the mean and the bias (cheaper, as good)."""
+class RMSNorm(nn.RMSNorm):
+    """x / rms(x) * weight: LayerNorm without the mean and the bias (cheaper, as good), and with its eps."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+        super().__init__(dim, eps=eps)
 
 
 def make_norm(config: GPTConfig, dim: int) -> nn.Module:
-    if config.norm == "rmsnorm":
-        return RMSNorm(dim, config.norm_eps)
-    return nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
+    rms = config.norm == "rmsnorm"
+    return RMSNorm(dim, config.norm_eps) if rms else nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
 
 
 class Rotary(nn.Module):

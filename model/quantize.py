@@ -1,11 +1,7 @@
 """Weight-only int8 for CPU decoding: every Linear's weight as int8 with one scale per output row.
 
-Decoding one row at a time reads every weight once per token, so it runs at memory bandwidth:
-int8 reads a quarter of float32's bytes. The activations stay float32 between layers (norms,
-attention and the KV cache are untouched); only the matmul input is rounded to bfloat16, the
-input torch._weight_int8pack_mm has a fast CPU kernel for (float32 input is much slower).
-The tied lm_head gets its own int8 copy (the embedding still looks rows up in float32).
-"""
+Decoding reads every weight once per token, so int8 (a quarter of float32's bytes) runs it faster. The
+matmul input is rounded to bfloat16, for torch's fast CPU kernel; a tied lm_head gets its own int8 copy."""
 
 from __future__ import annotations
 
@@ -25,7 +21,8 @@ class Int8Linear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(x.reshape(-1, x.size(-1)).bfloat16(), self.q, self.scale)  # (..., in) as (N, in) -> (N, out)
+        # (..., in) as (N, in) -> (N, out)
+        y = torch._weight_int8pack_mm(x.reshape(-1, x.size(-1)).bfloat16(), self.q, self.scale)
         y = y.to(x.dtype).view(*x.shape[:-1], -1)  # (N, out) -> (..., out)
         return y if self.bias is None else y + self.bias
 
@@ -34,9 +31,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     """Swap every nn.Linear in model (in place) for an Int8Linear, for inference only; returns model."""
     for name, child in model.named_children():
         if isinstance(child, nn.Linear):
-            quantized = Int8Linear(child)
-            quantized._forward_hooks.update(child._forward_hooks)  # e.g. sample.py's padded-vocab mask
-            setattr(model, name, quantized)
+            setattr(model, name, Int8Linear(child))
         else:
             quantize_int8(child)
     return model

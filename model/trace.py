@@ -42,9 +42,8 @@ def hidden_states(model: GPT, idx: torch.Tensor, **kwargs) -> torch.Tensor:
 
 @torch.no_grad()
 def attention_weights(module: nn.Module, *args, **kwargs) -> tuple[Any, list[torch.Tensor]]:
-    """module(*args, **kwargs)'s output, and each CausalSelfAttention's weights (B, nh, T, Tk) in it,
-    in call order: the explicit path's softmax, caught on its way into attn_dropout (SDPA never
-    forms them, so every attention takes the explicit path for this call)."""
+    """module(*args, **kwargs), and each CausalSelfAttention's weights (B, nh, T, Tk) in call order. SDPA
+    never forms them, so for this call every attention takes the explicit path."""
     attns = [m for m in module.modules() if isinstance(m, CausalSelfAttention)]
     weights, sdpa = [], [a.use_sdpa for a in attns]
     try:
@@ -61,12 +60,10 @@ def shape_trace(model: GPT, batch_size: int = 1, seq_len: int | None = None, blo
     """A table of one forward pass on zeros, in execution order; blocks past `blocks_in_detail` get a row each."""
     c = model.config
     T = seq_len or c.block_size
-    lines = [
-        f"GPT: {model.num_params():,} parameters, {c.n_layer} layers, {c.n_head} heads of size {c.head_size}, "
-        f"n_embd {c.n_embd}, vocab {c.vocab_size}, block {c.block_size}",
-        f"input idx {(batch_size, T)} token ids",
-        f"{'module':<34} {'type':<22} {'output shape':<22} {'params':>12}",
-    ]
+    lines = [f"GPT: {model.num_params():,} parameters, {c.n_layer} layers, {c.n_head} heads of size {c.head_size}, "
+             f"n_embd {c.n_embd}, vocab {c.vocab_size}, block {c.block_size}",
+             f"input idx {(batch_size, T)} token ids",
+             f"{'module':<34} {'type':<22} {'output shape':<22} {'params':>12}"]
     names = {}
     for name, module in model.named_modules():
         parts = name.split(".")
@@ -90,22 +87,19 @@ def shape_trace(model: GPT, batch_size: int = 1, seq_len: int | None = None, blo
     return "\n".join(lines)
 
 
-def token_label(tok, token_id: int) -> str:
+def token_label(tok: Any, token_id: int) -> str:
     return tok.decode([token_id]).replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423")
 
 
 @torch.no_grad()
-def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
+def plot_attention(model: GPT, tok: Any, ids: list[int], path: str, layer: int) -> Path:
     """One heat map per head of `layer` (query rows, key columns) for the prompt, as a PNG."""
     n_layer = model.config.n_layer
     if not -n_layer <= layer < n_layer:
         raise UserError(f"--layer {layer} is out of range: the model has layers 0..{n_layer - 1}")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    try:  # a Figure of its own, not pyplot's: no GUI backend, nothing to close
         from matplotlib.colors import PowerNorm
+        from matplotlib.figure import Figure
     except ImportError:
         raise UserError("--show-attention needs matplotlib: pip install matplotlib") from None
     layer %= n_layer
@@ -117,8 +111,8 @@ def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
     nrows = math.ceil(nh / ncols)
     labels = [token_label(tok, i) for i in ids] if T <= 48 else None
     size = 3.5 if labels is None else min(9.0, max(3.5, 0.15 * T + 1.0))  # inches per head
-    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * size + 1.0, nrows * size + 0.6),
-                             squeeze=False, layout="constrained")
+    fig = Figure(figsize=(ncols * size + 1.0, nrows * size + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
     for ax in axes.flat[nh:]:
         ax.axis("off")
     for h, ax in enumerate(axes.flat[:nh]):
@@ -136,6 +130,11 @@ def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
             ax.set_xlabel("key (attended to)")
     fig.suptitle(f"attention weights, layer {layer} (of 0..{n_layer - 1}), {T} prompt tokens")
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="weight")
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: str) -> Path:
+    """fig as a PNG at path (.png added when it has no suffix); a path it cannot write is one line."""
     out = Path(path) if Path(path).suffix else Path(path).with_suffix(".png")  # what savefig writes then
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -146,6 +145,4 @@ def plot_attention(model, tok, ids: list[int], path: str, layer: int) -> Path:
         raise UserError(f"--show-attention {path}: cannot write there ({e.strerror or e}); "
                         + ("raise the file-size limit or free disk space" if e.errno in (errno.EFBIG, errno.ENOSPC)
                            else "pick another path")) from None
-    finally:
-        plt.close(fig)
     return out

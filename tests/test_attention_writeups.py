@@ -188,3 +188,71 @@ def test_a_causal_module_whose_mask_hides_everything_averages_the_past():
     prefix_means = torch.cat([mean_of_values(mha, x[:, : t + 1]) for t in range(6)], dim=1)  # (B, T, emb)
     torch.testing.assert_close(mha(x, mask=nothing), prefix_means, atol=1e-5, rtol=0)
     assert_causal(lambda x: mha(x, mask=nothing), x, t=2)
+
+
+# Cross-attention and valid lengths, which the GPT's fused attention does not take: these cases
+# moved here from tests/test_model.py when CausalSelfAttention dropped them.
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_valid_lens_equal_a_padding_mask_and_hide_the_padding(causal):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(num_heads=2, emb_size=16, head_size=8, causal=causal,
+                             max_seq_len=16 if causal else None).eval()
+    x, lens = torch.randn(2, 10, 16), torch.tensor([10, 6])
+    a = mha(x, valid_lens=lens)
+    mask = (torch.arange(10) < lens[:, None])[:, None, None, :]  # (B, Tk) -> (B, 1, 1, Tk)
+    torch.testing.assert_close(a, mha(x, mask=mask))
+    y = x.clone()
+    y[1, 6:] = torch.randn(4, 16)  # rewriting the padding changes nothing that is real
+    torch.testing.assert_close(a[1, :6], mha(y, valid_lens=lens)[1, :6])
+    torch.testing.assert_close(a[1, :6], mha(x[1:, :6])[0], atol=1e-5, rtol=0)
+
+
+def test_cross_attention_shapes_and_context_masking():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(num_heads=2, emb_size=16, head_size=8).eval()
+    x, ctx = torch.randn(2, 5, 16), torch.randn(2, 9, 16)
+    y = mha(x, ctx, ctx)
+    assert y.shape == (2, 5, 16)
+    # Not causal: every query sees every context position, so the last one matters to the first.
+    ctx2 = ctx.clone()
+    ctx2[:, -1] += 1
+    assert not torch.allclose(mha(x, ctx2, ctx2)[:, 0], y[:, 0])
+    # A context position past its valid length does not matter at all.
+    lens = torch.tensor([9, 6])
+    ctx3 = ctx.clone()
+    ctx3[1, 6:] = torch.randn(3, 16)
+    torch.testing.assert_close(mha(x, ctx, ctx, valid_lens=lens), mha(x, ctx3, ctx3, valid_lens=lens))
+    w = weights(mha, x, ctx, ctx, valid_lens=lens)  # (nh, B, Tq, Tk)
+    assert w.shape == (2, 2, 5, 9) and torch.all(w[:, 1, :, 6:] == 0)
+
+
+def test_cross_attention_equals_softmax_qk_v_over_the_context():
+    """Queries from x, keys and values from the context, every weight and bias random and large."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(num_heads=2, emb_size=16, head_size=8).eval()
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.normal_(0.0, 0.3)
+    x, ctx = torch.randn(2, 5, 16), torch.randn(2, 9, 16)
+    torch.testing.assert_close(mha(x, ctx, ctx), by_hand(mha, x, ctx, ctx, None), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["valid_lens", "mask"])
+def test_a_cross_attention_query_with_no_key_to_see_averages_the_values_with_finite_gradients(case):
+    # Row 0's context has nothing real: its queries average the values, as the write-ups' fill
+    # gives, and a loss over the other row has finite gradients.
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(num_heads=2, emb_size=16, head_size=8).eval()
+    x, ctx = torch.randn(2, 5, 16), torch.randn(2, 9, 16)
+    keep = torch.arange(9) % torch.tensor([[1], [2]]) > 0  # (B, Tc): row 0 no key, row 1 the odd ones
+    lens = torch.tensor([0, 3])
+    if case == "valid_lens":
+        y, hide = mha(x, ctx, ctx, valid_lens=lens), (torch.arange(9) >= lens[:, None])[:, None, :]  # (B, 1, Tc)
+    else:
+        y, hide = mha(x, ctx, ctx, keep[:, None, None, :]), ~keep[:, None, :]  # (B, Tc) -> (B, 1, 1, Tc), (B, 1, Tc)
+    torch.testing.assert_close(y[0], mean_of_values(mha, ctx)[0].expand(5, -1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(y[1], by_hand(mha, x, ctx, ctx, hide)[1], atol=1e-5, rtol=0)
+    y[1].square().sum().backward()  # the real row only
+    assert all(p.grad.isfinite().all() for p in mha.parameters())

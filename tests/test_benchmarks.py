@@ -162,4 +162,4 @@ def test_reference(capsys, data_root, train_in_process, tmp_path, monkeypatch, c
     ref = reference.Reference.load(tmp_path / "tiny.json")
     assert ref.data["command"] == f"{command} {shlex.join(shrink)}" and ref.data["seeds"] == [1337, 1338]
     assert (ref.data["device"], ref.data["dtype"]) == ("cpu", dtype)
-    assert ref.series("val_loss")["step"] == [0, 2, 4] and ref.data["final_val_loss"] == wrote["final_val_loss"]
+    assert ref.data["band"]["step"] == [0, 2, 4] and ref.data["final_val_loss"] == wrote["final_val_loss"]

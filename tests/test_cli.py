@@ -20,7 +20,7 @@ BAD = [  # (script, argv, what the one error line must say)
     ("train", ["--device", "gpu"], "--device: 'gpu' is not one of auto, cpu, cuda, mps; did you mean 'cuda'?"),
     ("train", ["--pos-emb=ROPE"], "did you mean 'rope'?"),
     ("train", ["--compile=maybe"], "--compile: expects true/false (or no value), got 'maybe'"),
-    ("train", ["--compile", "maybe"], "unexpected argument 'maybe'"),  # a flag takes only true/false words
+    ("train", ["--compile", "maybe"], "unexpected argument 'maybe'"),  # not a boolean word: not the flag's value
     ("train", ["--no-compile=true"], "--no-compile takes no value"),
     ("train", ["--max-iters"], "--max-iters: expected one argument"),
     ("train", ["200"], "unexpected argument '200'"),
@@ -38,7 +38,7 @@ BAD = [  # (script, argv, what the one error line must say)
     ("prepare", ["--txt", "a.txt"], "did you mean --text?"),
     ("prepare", ["--val-fraction", "x"], "--val-fraction: expects a number, got 'x'"),
     ("prepare", ["shakespeare_char", "--force=maybe"], "--force: expects true/false"),
-    ("prepare", ["--force", "shakespeare_char", "extra"], "unexpected argument 'extra'"),  # NAME not swallowed
+    ("prepare", ["shakespeare_char", "--force", "true", "extra"], "unexpected argument 'extra'"),
     ("prepare", ["a", "b"], "unexpected argument 'b'"),
     ("model", ["--seq-len", "x"], "--seq-len: expects an integer, got 'x'"),
     ("model", ["--confg", "tiny"], "did you mean --config?"),
@@ -54,7 +54,7 @@ def test_bad_input_is_one_error_line_and_exit_2(capsys, script, argv, needle):
 
 @pytest.mark.parametrize("script, needles", [
     ("sample", ["--device {auto,cpu,cuda,mps}", "(default:0.8)", "(default:500)", "--ckptDIR|FILE,--out-dirDIR|FILE"]),
-    ("prepare", ["--tokenizer {char,gpt2}", "(default:0.1)", "--force,--no-force", "(default:'data/prepared')"]),
+    ("prepare", ["--tokenizer {char,gpt2}", "(default:0.1)", "--no-force[BOOL]", "(default:'data/prepared')"]),
     ("model", ["--config NAME|FILE|RUN_DIR", "finetune_gpt2,gpt2,shakespeare_gpu,small,tiny", "(default:'small')"]),
 ])
 def test_help_shows_defaults_and_choices(capsys, script, needles):
@@ -79,6 +79,16 @@ def test_prepare_takes_both_spellings_and_boolean_forms(monkeypatch, tmp_path):
     name, kw = calls[0]
     assert name == "shakespeare_char" and (kw["val_fraction"], kw["num_proc"], kw["tokenizer"]) == (0.05, 2, "char")
     assert (kw["force"], kw["verbose"], kw["streaming"], kw["out_root"]) == (True, False, False, str(tmp_path))
+
+
+@pytest.mark.parametrize("argv, force", [(["--force", "shakespeare_char"], True), (["--no-force", "shakespeare_char"],
+                                          False), (["--force", "no", "shakespeare_char"], False),
+                                         (["--no_force", "shakespeare_char"], False)])
+def test_a_word_after_a_boolean_flag_is_its_value_only_if_it_is_one(monkeypatch, argv, force):
+    calls = []
+    monkeypatch.setattr(prep, "prepare", lambda name, **kw: calls.append((name, kw)))
+    assert prep.main(argv) == 0
+    assert calls[0][0] == "shakespeare_char" and calls[0][1]["force"] is force
 
 
 def test_model_trace_takes_both_spellings(capsys):

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, generate
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -30,8 +30,8 @@ def test_bf16_autocast_flash_sdpa_matches_fp32_explicit(arch):
 def test_kv_cache_decoding_on_cuda_matches_recompute():
     m = tiny()
     x = torch.randint(0, 97, (2, 10), device="cuda")
-    cached = torch.stack(list(m.generate(x, 50, temperature=0)), 1)
-    full = torch.stack(list(m.generate(x, 50, temperature=0, use_cache=False)), 1)
+    cached = torch.stack(list(generate(m, x, 50, temperature=0)), 1)
+    full = torch.stack(list(generate(m, x, 50, temperature=0, use_cache=False)), 1)
     assert torch.equal(cached, full)
 
 

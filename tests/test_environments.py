@@ -216,7 +216,7 @@ def test_a_run_dirs_config_needs_a_new_out_dir_as_readme_says(trained, tmp_path,
 def test_a_run_that_would_take_hours_here_says_so_and_is_unchanged(capsys):
     cfg = load_config("tiny", ["--device", "cpu", "--max-iters", "100000000", "--dropout", "0.1"])
     model = GPT(cfg.model_config(vocab_size=65))
-    run = types.SimpleNamespace(cfg=cfg, state=types.SimpleNamespace(step=0), model=model, grad_accum=1,
+    run = types.SimpleNamespace(cfg=cfg, step=0, model=model, grad_accum=1,
                                 manifest={"val_tokens": 10_000}, rt=types.SimpleNamespace(device="cpu",
                                                                                           autocast=contextlib.nullcontext))
     rng = torch.get_rng_state()

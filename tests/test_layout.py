@@ -21,7 +21,7 @@ def tracked() -> list[str]:
     """The project's files: the tree less what .gitignore ignores, as `git ls-files --cached --others
     --exclude-standard` lists them, without asking git: a release archive has no .git, and a copy inside
     another repository would get that one's answer."""
-    rules = [".git/", *(ROOT / ".gitignore").read_text().splitlines()]
+    rules = [".git", *(ROOT / ".gitignore").read_text().splitlines()]  # a folder, or in a worktree a file
     if (exclude := ROOT / ".git" / "info" / "exclude").is_file():  # a checkout's own ignores, as git reads them
         rules += exclude.read_text().splitlines()
     ignored = pathspec.GitIgnoreSpec.from_lines(rules)

@@ -61,7 +61,7 @@ def test_one_micro_step_peaks_below_the_estimate():
 
 def test_largest_batch_is_the_last_that_fits_and_divides():
     cfg = load_config("gpt2", ["--n-layer", "24", "--n-embd", "1024", "--n-head", "16"])
-    est = plan.Estimate.of(plan.meta_model(cfg, cfg.vocab_size), cfg, low_precision=True)
+    est = plan.Estimate.of(plan.meta_model(cfg.model_config(cfg.vocab_size)), cfg, low_precision=True)
     budget = 20 * plan.GiB
     fit = est.largest_batch(budget)
     assert est.memory(fit)["total"] <= budget < est.memory(fit + 1)["total"]
@@ -77,7 +77,7 @@ def test_plan_counts_match_the_real_model_and_allocate_nothing(capsys):
     assert f"parameters    {model.num_params():,} = " in out
     assert f"FLOPs         {model.flops_per_token() / 1e6:,.1f} MFLOP per token" in out
     assert "256 tokens/step = 4 sequences x 32 tokens x 2 processes x 1 accumulation" in out
-    assert "RTX 4090 24GB" in out and "all-reduce" in out and "fits          up to micro-batch" in out
+    assert "RTX 4090 24GB" in out and "DDP gradient buckets" in out and "fits          up to micro-batch" in out
     xl = load_config("gpt2", ["--n-layer", "48", "--n-embd", "1600", "--n-head", "25"])
     assert measured_peak_bytes(lambda: plan.plan_report(xl, 50304, "a100-40gb", 8, 0.3)) < 2**24  # weights: 6 GB
     assert "fits          nothing" in plan.plan_report(xl, 50304, "4090", 1, 0.3)
@@ -86,7 +86,7 @@ def test_plan_counts_match_the_real_model_and_allocate_nothing(capsys):
 def test_plan_time_follows_flops_and_mfu():
     cfg = load_config("gpt2", ["--max-iters", "10000"])
     report = plan.plan_report(cfg, 50304, "h100", 8, 0.5)
-    flops = plan.meta_model(cfg, 50304).flops_per_token(1024)
+    flops = plan.meta_model(cfg.model_config(50304)).flops_per_token(1024)
     seconds = flops * 524288 / (8 * 989e12 * 0.5)
     assert f"{seconds * 1e3:.1f} ms/step" in report and f"max_iters 10,000 = {seconds * 1e4 / 60:.1f} min" in report
 
@@ -141,7 +141,7 @@ def test_a_run_that_cannot_fit_is_refused_before_the_model_is_built(tmp_path, da
     argv = run_args(tmp_path, data_root, "--block-size", "2048", "--batch-size", "16", "--attention", "explicit")
     cfg = load_config("tiny", argv)
     rt = setup(device="cpu", dtype="auto", seed=None)
-    need = plan.Estimate.of(plan.meta_model(cfg, 65), cfg, rt.dtype != torch.float32).memory(16)["total"]
+    need = plan.Estimate.of(plan.meta_model(cfg.model_config(65)), cfg, rt.dtype != torch.float32).memory(16)["total"]
     assert need > plan.GiB  # the (2048, 2048) attention scores of 16 sequences, per head and layer
     monkeypatch.setattr(plan, "free_memory", lambda device: need / 2)
     monkeypatch.setattr(training.run, "build_model", lambda *a: pytest.fail("built the model"))
@@ -194,6 +194,7 @@ def test_out_of_memory_in_training_is_one_line_and_keeps_the_checkpoint(error, t
     assert train.main(run_args(tmp_path, data_root, "--max-iters", "4", "--eval-interval", "2")) == 2
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith("error: out of memory on cpu (") and "use --batch-size auto, a smaller --block-size" in line
+    assert f"({plan.first_line(error)}); " in line  # torch's first line, the size it tried to allocate included
     assert line.endswith(f"; {tmp_path / 'ckpt.pt'} is kept")
     assert "ckpt.pt" in saved and saved == {p.name: p.read_bytes() for p in tmp_path.glob("*.pt")}
     assert plan.out_of_memory(RuntimeError("an unrelated bug"), "cpu") is None  # keeps its traceback

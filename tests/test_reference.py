@@ -1,6 +1,5 @@
 """Reference loss bands (reference.py): the band over seeds, the match rule, the out-of-band line."""
 
-import json
 from dataclasses import replace
 
 import pytest
@@ -31,25 +30,22 @@ def make(tmp_path, val, cfg=None):
     return Reference.load(write(data, tmp_path / "tiny.json"))
 
 
-def test_band_is_min_mean_max_over_seeds_linear_between_steps(tmp_path):
+def test_band_is_min_max_over_seeds_linear_between_steps(tmp_path):
     ref = make(tmp_path, [[4.0, 3.0, 2.0], [4.2, 3.1, 2.3], [4.1, 3.2, 2.1]])
     assert ref.data["final_val_loss"] == [2.0, 2.3, 2.1] and ref.data["seeds"] == [1, 2, 3]
-    assert ref.series("val_loss") == {"step": [0, 10, 20], "mean": [4.1, 3.1, 2.1333],
-                                      "min": [4.0, 3.0, 2.0], "max": [4.2, 3.2, 2.3]}
-    assert ref.band("val_loss", 10) == pytest.approx((3.0, 3.1, 3.2))
-    assert ref.band("val_loss", 5) == pytest.approx((3.5, 3.6, 3.7))  # halfway between steps 0 and 10
-    assert ref.band("val_loss", 15) == pytest.approx((2.5, 2.61665, 2.75))
-    assert ref.band("loss", 10) == pytest.approx((3.1, 3.2, 3.3)) and ref.band("loss", 5) is None  # no step 0
-    assert ref.band("val_loss", 21) is None and ref.band("val_loss", -1) is None  # never extrapolated
-    assert ref.margin("val_loss", 20) == pytest.approx(0.3) and ref.margin("val_loss", 10) == pytest.approx(0.2)
-    assert ref.means({"step": 5, "val_loss": 9.0, "lr": 1.0}) == {"ref_val_loss": 3.6}
+    assert ref.data["band"] == {"step": [0, 10, 20], "val_loss": {"min": [4.0, 3.0, 2.0], "max": [4.2, 3.2, 2.3]},
+                                "train_loss": {"min": [3.9, 2.9, 1.9], "max": [4.1, 3.1, 2.2]}}
+    assert ref.band(10) == pytest.approx((3.0, 3.2))
+    assert ref.band(5) == pytest.approx((3.5, 3.7))  # halfway between steps 0 and 10
+    assert ref.band(15) == pytest.approx((2.5, 2.75))
+    assert ref.band(21) is None and ref.band(-1) is None  # never extrapolated
 
 
 def test_a_step_only_some_seeds_logged_is_left_out(tmp_path):
     runs = three_seeds([[4.0, 3.0, 2.0]] * 3)
     runs[1] = [r for r in runs[1] if r["step"] != 10]
     data = build("tiny", resolved("tiny"), runs, [1, 2, 3], "", "cpu", "float32")
-    assert data["series"]["val_loss"]["step"] == [0, 20] and data["series"]["loss"]["step"] == [20]
+    assert data["band"]["step"] == [0, 20] and data["band"]["train_loss"]["max"] == [3.9, 1.9]
 
 
 def test_match_rule_changed_lr_or_layers_means_no_band(tmp_path, monkeypatch):
@@ -79,21 +75,24 @@ def test_shipped_references_match_their_configs(path):
     assert ref.mismatches(resolved(name)) == [], f"configs/{name}.py changed: rerun `{ref.data['command']}`"
     assert len(ref.data["seeds"]) >= 3 and ref.data["command"].startswith(f"python -m benchmarks reference --config {name}")
     assert all(ref.data[k] for k in ("machine", "device", "dtype", "date", "torch"))
-    val = ref.series("val_loss")
-    assert val["step"][0] == 0 and val["step"][-1] == ref.data["config"]["max_iters"]
-    assert all(lo <= mean <= hi for lo, mean, hi in zip(val["min"], val["mean"], val["max"]))
+    band = ref.data["band"]
+    assert band["step"][0] == 0 and band["step"][-1] == ref.data["config"]["max_iters"]
+    assert all(lo <= hi for key in ("train_loss", "val_loss") for lo, hi in zip(band[key]["min"], band[key]["max"]))
+    final = ref.data["final_val_loss"]  # each seed's last eval: the band's last step spans them
+    assert (min(final), max(final)) == (band["val_loss"]["min"][-1], band["val_loss"]["max"][-1])
 
 
 def test_check_flags_only_clearly_outside(tmp_path):
     ref = make(tmp_path, [[4.0, 3.0, 2.0], [4.2, 3.1, 2.3], [4.1, 3.2, 2.1]])  # at step 10: 3.0-3.2, margin 0.2
-    assert ref.check(10, {"val_loss": 3.39, "train_loss": 9.0}) is None  # outside the band, within the margin
-    assert ref.check(10, {"val_loss": 2.81}) is None
-    line = ref.check(10, {"val_loss": 3.41})
+    assert ref.check(10, 3.39) is None  # outside the band, within the margin
+    assert ref.check(10, 2.81) is None
+    line = ref.check(10, 3.41)
     assert "step 10 val loss 3.4100 is above the tiny reference band (3.0000-3.2000" in line
-    assert "is below" in ref.check(10, {"val_loss": 2.79}) and "lr or batch size" in ref.check(10, {"val_loss": 2.79})
+    assert "is below" in ref.check(10, 2.79) and "lr or batch size" in ref.check(10, 2.79)
+    assert ref.check(20, 2.59) is None and ref.check(20, 2.61)  # at step 20: 2.0-2.3, so margin 0.3
     flat = make(tmp_path, [[4.0, 3.0, 2.0]] * 3)  # seeds that agree exactly still leave MIN_MARGIN
-    assert flat.check(10, {"val_loss": 3.0 + MIN_MARGIN * 0.9}) is None and flat.check(10, {"val_loss": 3.03})
-    assert flat.check(25, {"val_loss": 9.0}) is None  # past the reference: no band, no line
+    assert flat.check(10, 3.0 + MIN_MARGIN * 0.9) is None and flat.check(10, 3.03)
+    assert flat.check(25, 9.0) is None  # past the reference: no band, no line
 
 
 def tiny_run(tmp_path, data_root, *argv, run="run"):
@@ -110,18 +109,14 @@ def test_out_of_band_run_prints_one_line_per_eval_and_goes_on(tmp_path, data_roo
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: step")]
     assert [n.split()[2] for n in notes] == ["0", "10", "20"]
     assert all("is above the tiny reference band" in n for n in notes)
-    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["ref_val_loss"] for r in lines if "val_loss" in r] == [1.0333, 0.9667, 0.9]  # the separate series
-    assert [r["step"] for r in lines if "ref_loss" in r] == list(range(10, 21))  # its train loss spans 10-20
     assert (tmp_path / "run" / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
-    tiny_run(tmp_path, data_root, "--lr", "2e-3", run="other")  # another lr: no band, no notes, no reference series
+    tiny_run(tmp_path, data_root, "--lr", "2e-3", run="other")  # another lr: no band, no notes
     assert "note: step" not in capsys.readouterr().out
-    assert "ref_val_loss" not in (tmp_path / "other" / "metrics.jsonl").read_text()
 
 
 def test_a_new_seed_of_tiny_stays_inside_the_shipped_band(tmp_path, data_root, capsys):
     result = tiny_run(tmp_path, data_root, "--seed", "99")  # not one of the reference's seeds
     assert "note: step" not in capsys.readouterr().out
-    band = Reference.matching(resolved("tiny")).band("val_loss", 20)
-    assert band[0] - 0.03 < result["val_loss"] < band[2] + 0.03
+    lo, hi = Reference.matching(resolved("tiny")).band(20)
+    assert lo - 0.03 < result["val_loss"] < hi + 0.03

@@ -12,7 +12,7 @@ import torch
 import sample
 from data.files import write_json
 from data.tokenizer import CharTokenizer, get_tokenizer
-from model import GPT, GPTConfig, sample_next
+from model import GPT, GPTConfig, generate, sample_next
 from model.checkpoint import save_checkpoint
 
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -46,7 +46,7 @@ def make_run(tmp_path, vocab: int = len(CHARS), chars: str = CHARS, seed: int = 
 
 def greedy(model, rows, n, use_cache=True):
     idx, pad = sample.left_pad(rows, "cpu")
-    steps = model.generate(idx, n, temperature=0, padding_mask=pad, use_cache=use_cache)
+    steps = generate(model, idx, n, temperature=0, padding_mask=pad, use_cache=use_cache)
     return torch.stack(list(steps), dim=1).tolist()
 
 
@@ -54,13 +54,26 @@ def greedy(model, rows, n, use_cache=True):
 
 
 @pytest.mark.parametrize("arch", [{}, dict(pos_emb="rope", norm="rmsnorm", qk_norm=True)], ids=["gpt2", "rope"])
-def test_greedy_kv_cache_equals_full_recompute_within_block_size(arch):
+@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=1.0, top_k=20, top_p=0.9)],
+                         ids=["greedy", "seeded-top-k-top-p"])
+def test_the_fast_path_draws_the_reference_loops_tokens_within_block_size(monkeypatch, arch, sampling):
+    """The KV cache, one step at a time and DECODE_CHUNK steps a call (compile=True's path, run
+    eagerly here), gives the uncached reference loop's tokens: greedy, and sampled with one seed."""
+    from model import kv_cache
+
+    monkeypatch.setattr(kv_cache, "compiled_decode_steps", lambda: kv_cache.decode_steps)
     model = tiny_model(**arch)
     rows = [TOK.encode("ROMEO:"), TOK.encode("Ay")]  # unequal lengths: left padding on both paths
+    idx, pad = sample.left_pad(rows, "cpu")
     n = BLOCK - 6 + 1  # the last token is predicted from exactly block_size positions
-    cached, full = greedy(model, rows, n), greedy(model, rows, n, use_cache=False)
-    assert cached == full
-    assert len(set(cached[0])) > 1  # a non-trivial sequence, or equality would prove little
+
+    def run(**kw):
+        gen = torch.Generator().manual_seed(0)
+        return torch.stack(list(generate(model, idx, n, padding_mask=pad, generator=gen, **sampling, **kw)), 1).tolist()
+
+    reference = run(use_cache=False)
+    assert run() == reference and run(compile=True) == reference
+    assert len(set(reference[0])) > 1  # a non-trivial sequence, or equality would prove little
 
 
 def test_decoding_far_past_block_size_works_and_stays_finite():
@@ -101,8 +114,8 @@ def test_compiled_decode_step_equals_eager_past_block_size():
 
     def run(compile):
         gen = torch.Generator().manual_seed(0)
-        steps = model.generate(idx, 3 * BLOCK, temperature=1.0, top_k=20, padding_mask=pad, generator=gen,
-                               compile=compile)
+        steps = generate(model, idx, 3 * BLOCK, temperature=1.0, top_k=20, padding_mask=pad, generator=gen,
+                         compile=compile)
         return torch.stack(list(steps), dim=1).tolist()
 
     from torch._dynamo.utils import counters
@@ -133,10 +146,11 @@ def test_int8_linear_is_per_row_symmetric_int8_times_scale_plus_bias():
     torch.testing.assert_close(q(x), expected, atol=2e-2, rtol=1e-2)
     assert q(x.double()).dtype == torch.float64  # out in the input's dtype
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(16, 8)))
-    model[1][1].register_forward_hook(lambda m, i, out: out * 0)
+    with torch.no_grad():
+        before = model(x)
     quantize_int8(model)
     assert [type(m).__name__ for m in model.modules()] == ["Sequential", "Int8Linear", "Sequential", "ReLU", "Int8Linear"]
-    assert model(x).abs().sum() == 0  # a hook on a swapped Linear still runs
+    torch.testing.assert_close(model(x), before, atol=5e-2, rtol=5e-2)  # a nested Linear is swapped in place
 
 
 @pytest.mark.compiles
@@ -154,7 +168,7 @@ def test_int8_weights_stay_within_tolerance_of_float32_and_compile_alike():
     rows = [TOK.encode("ROMEO:")]
     assert greedy(quant, rows, BLOCK - 6) == greedy(model, rows, BLOCK - 6)  # same greedy tokens
     idx, _ = sample.left_pad(rows, "cpu")
-    compiled = torch.stack(list(quant.generate(idx, 2 * BLOCK, temperature=0, compile=True)), dim=1).tolist()
+    compiled = torch.stack(list(generate(quant, idx, 2 * BLOCK, temperature=0, compile=True)), dim=1).tolist()
     assert compiled == greedy(quant, rows, 2 * BLOCK)
 
 
@@ -203,7 +217,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
                                                        (0.8, None, 1e-300), (0.8, None, 1e-6), (1e-300, 1, None)])
 def test_a_tiny_temperature_or_top_p_keeps_the_likeliest_token_and_no_nan(monkeypatch, temperature, top_k, top_p):
     logits = torch.randn(64, len(CHARS), generator=torch.Generator().manual_seed(0)) * 3
-    logits[0, -1] = float("-inf")  # a padding id (check_vocab's hook)
+    logits[0, -1] = float("-inf")  # an id some filter already dropped
     softmax, probs = torch.Tensor.softmax, []
     monkeypatch.setattr(torch.Tensor, "softmax", lambda t, *a, **k: probs.append(softmax(t, *a, **k)) or probs[-1])
     drawn = sample_next(logits, temperature, top_k, top_p, generator=torch.Generator().manual_seed(0))
@@ -327,8 +341,8 @@ def test_chunked_decoding_equals_one_step_at_a_time(monkeypatch):
     rows = [TOK.encode("ROMEO:"), TOK.encode("A")]
     idx, pad = sample.left_pad(rows, "cpu")
     for temperature in (0, 1.0):
-        runs = [torch.stack(list(tiny.generate(idx, 3 * BLOCK, temperature=temperature, padding_mask=pad,
-                                               generator=torch.Generator().manual_seed(0), compile=c)), 1).tolist()
+        runs = [torch.stack(list(generate(tiny, idx, 3 * BLOCK, temperature=temperature, padding_mask=pad,
+                                          generator=torch.Generator().manual_seed(0), compile=c)), 1).tolist()
                 for c in (False, True)]
         assert runs[0] == runs[1]
     assert set(chunks) == {model.kv_cache.DECODE_CHUNK}  # only whole chunks go through it; slides go one step at a time
@@ -351,11 +365,11 @@ def test_cli_end_to_end_subprocess(tmp_path):
 def test_generation_ends_once_every_row_has_produced_eos_and_a_finished_row_repeats_it():
     model = tiny_model()
     prompts = torch.tensor([[1, 2, 3], [7, 5, 9]])
-    free = torch.stack(list(model.generate(prompts, 24, temperature=0)))  # (24, 2), no eos
+    free = torch.stack(list(generate(model, prompts, 24, temperature=0)))  # (24, 2), no eos
     eos, k = int(free[5, 0]), int((free[:, 0] == free[5, 0]).nonzero()[0])  # row 0's token at step 5, first seen at k
-    alone = torch.stack(list(model.generate(prompts[:1], 24, temperature=0, eos_id=eos)))
+    alone = torch.stack(list(generate(model, prompts[:1], 24, temperature=0, eos_id=eos)))
     assert alone.tolist() == free[: k + 1, :1].tolist()  # ends at once, with the eos
-    both = torch.stack(list(model.generate(prompts, 24, temperature=0, eos_id=eos)))
+    both = torch.stack(list(generate(model, prompts, 24, temperature=0, eos_id=eos)))
     assert (both[k:, 0] == eos).all() and both[: k + 1, 0].tolist() == free[: k + 1, 0].tolist()
     ends = (free[:, 1] == eos).nonzero()
     assert len(both) == (int(ends[0]) + 1 if len(ends) and int(ends[0]) >= k else 24)  # when row 1 is done too
@@ -378,7 +392,7 @@ def test_a_recompile_limit_falls_back_to_eager_steps_with_the_same_tokens(monkey
     m, x = tiny_model(), torch.tensor([[1, 2, 3], [4, 5, 6]])
     for temperature in (0, 0.8):
         kw = dict(temperature=temperature, generator=torch.Generator().manual_seed(3))
-        eager = torch.stack(list(m.generate(x, 20, **kw)))
+        eager = torch.stack(list(generate(m, x, 20, **kw)))
         kw["generator"] = torch.Generator().manual_seed(3)
-        assert torch.equal(torch.stack(list(m.generate(x, 20, compile=True, **kw))), eager)
+        assert torch.equal(torch.stack(list(generate(m, x, 20, compile=True, **kw))), eager)
     assert len(calls) == 2  # once a generate(): then eager to its end

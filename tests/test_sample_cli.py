@@ -1,5 +1,7 @@
 """sample.py's command line, run in-process as a user would: prompts, limits, headers, errors."""
 
+import copy
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ from test_sample import BLOCK, CHARS, TOK, make_run, tiny_model
 import sample
 from data.files import write_json
 from data.tokenizer import CharTokenizer, get_tokenizer
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, generate
 
 
 def test_cli_streams_text_token_by_token(tmp_path, monkeypatch, capsys):
@@ -105,7 +107,7 @@ def test_show_attention_writes_a_png(tmp_path, capsys):
 def test_padded_model_vocab_never_samples_the_padding_ids(tmp_path, capsys, quantize):
     run = make_run(tmp_path, vocab=128)  # 65 chars padded to a multiple of 64
     argv = ["--ckpt", str(run), "--prompt", "A", "--max-new-tokens", "200", "--temperature", "2", "--seed", "0",
-            "--quantize", quantize, "--device", "cpu"]  # int8 is CPU-only; its padding hook must survive the swap
+            "--quantize", quantize, "--device", "cpu"]  # int8 is CPU-only; its logits are cut alike
     assert sample.main(argv) == 0  # an id >= 65 would fail to decode
     assert len(capsys.readouterr().out) == 1 + 200 + 1
 
@@ -127,8 +129,38 @@ def test_a_model_vocab_fits_the_tokenizer_when_equal_padded_or_declared(model_vo
     sample.check_vocab(model, TOK, "run", declared)
     with pytest.raises(sample.UserError):  # 64 padding ids: a multiple of 64 only pads by fewer
         sample.check_vocab(tiny_model(vocab=128), CharTokenizer(list(CHARS[:64])), "run")
-    logits = model(torch.zeros(1, 3, dtype=torch.long))[0]
-    assert torch.isinf(logits[..., len(CHARS):]).all() and torch.isfinite(logits[..., : len(CHARS)]).all()
+
+
+def test_a_padded_vocabulary_is_cut_from_the_logits():
+    """Decoding cuts the logits to the tokenizer's vocabulary (sample.py passes it down): greedy tokens are
+    those of the -inf mask on the padding ids that sample.py once hooked onto lm_head, and seeded samples
+    are those of the same network without the padding rows, on the reference loop and the cached path."""
+    padded, V = tiny_model(vocab=128), len(CHARS)
+    with torch.no_grad():  # padding rows that win every argmax unless they are cut
+        padded.lm_head.weight[V:] = 10 * padded.lm_head.weight[: 128 - V]
+    cut = GPT(dataclasses.replace(padded.config, vocab_size=V)).double().eval()
+    cut.load_state_dict({k: v[:V] if k in ("transformer.wte.weight", "lm_head.weight") else v
+                         for k, v in padded.state_dict().items()})
+    masked = copy.deepcopy(padded)
+    masked.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, torch.arange(V, 128), float("-inf")))
+    rows = [TOK.encode("ROMEO:"), TOK.encode("A")]
+    idx, pad = sample.left_pad(rows, "cpu")
+
+    def run(model, use_cache, vocab_size=None, **kw):
+        gen = torch.Generator().manual_seed(0)
+        steps = generate(model, idx, 3 * BLOCK, padding_mask=pad, generator=gen, vocab_size=vocab_size,
+                         use_cache=use_cache, **kw)
+        return torch.stack(list(steps), 1).tolist()
+
+    assert max(max(r) for r in run(padded, True, temperature=0)) >= V  # uncut, the padding ids win
+    for use_cache in (True, False):
+        assert run(padded, use_cache, V, temperature=0) == run(masked, use_cache, temperature=0)
+        seeded = dict(temperature=1.0, top_k=20, top_p=0.95)
+        assert run(padded, use_cache, V, **seeded) == run(cut, use_cache, **seeded)
+    seeded = dict(temperature=1.0, top_k=20, generator=torch.Generator().manual_seed(1))
+    texts = sample.generate_texts(padded, TOK, rows, 3 * BLOCK, **seeded)
+    seeded["generator"].manual_seed(1)
+    assert texts == sample.generate_texts(cut, TOK, rows, 3 * BLOCK, **seeded)
 
 
 def test_a_prompt_of_exactly_block_size_tokens_is_seen_whole(capsys):

@@ -20,7 +20,7 @@ import train
 from configs import load_config
 from configs.errors import UserError
 from data import tokenizer_from_manifest
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, generate
 from model.checkpoint import load_checkpoint, load_model
 from training.run import TrainingDiverged
 
@@ -72,7 +72,7 @@ def test_exact_resume_then_sample(tmp_path, data_root):
     model, ckpt = load_model(tmp_path / "full")
     tok = tokenizer_from_manifest(ckpt["manifest"])
     idx = torch.tensor([tok.encode("\n")])
-    text = tok.decode([int(t[0]) for t in model.generate(idx, 20, generator=torch.Generator().manual_seed(0))])
+    text = tok.decode([int(t[0]) for t in generate(model, idx, 20, generator=torch.Generator().manual_seed(0))])
     assert len(text) == 20
 
 

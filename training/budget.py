@@ -1,12 +1,4 @@
-"""When a run stops: its wall-clock budget (--max-time, TimeBudget) and stop signals (StopSignal).
-
-    budget = TimeBudget(limit=45.0, started=t_start, final_estimate=lambda step_s: ...)
-    budget.begin()                      # the training loop starts: start-up is paid
-    progress = budget.progress()        # share of the training time used (may pass 1), for the lr schedule
-    budget.record(step_seconds)         # after each step
-    if budget.out_of_time(): ...        # the next step plus the final eval + save would overrun
-    budget.record_final(seconds)        # an eval + save was timed: use it instead of the estimate
-"""
+"""When a run stops: its wall-clock budget (--max-time, TimeBudget) and stop signals (StopSignal)."""
 
 from __future__ import annotations
 
@@ -18,25 +10,23 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
-RECENT_STEPS = 21  # their median is "a step now": one slow step cannot move it, a change of pace can
+RECENT_STEPS = 21  # their median is "a step now": one slow step cannot move it, but a change of pace can
 RESERVE_MARGIN = 1.2  # overrunning the limit is worse than one step less, and estimates are rough
 
 
 class TimeBudget:
-    """--max-time: `limit` seconds from `started` (a clock() reading), the final eval + save
-    included, so their cost is reserved (final_estimate(step_seconds) until one was timed). It
-    and the next step's cost use the median of recent steps: one slow step cannot end the run."""
+    """--max-time: `limit` seconds from `started` (a clock() reading), with the final eval + save reserved.
+    The loop calls begin() when start-up is paid, record() after each step, and stops when out_of_time().
+    The reserve is final_estimate(the median of recent steps) until record_final() gives a measured cost."""
 
     def __init__(self, limit: float, started: float, final_estimate: Callable[[float], float],
                  clock: Callable[[], float] = time.time) -> None:
-        self.limit, self.started, self.clock = limit, started, clock
+        self.limit, self.started, self.loop_started, self.clock = limit, started, started, clock
         self.final_estimate = final_estimate
+        self.final_cost: float | None = None
         self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
-        self.final_cost: float | None = None  # measured
-        self.loop_started = started
 
     def begin(self) -> None:
         self.loop_started = self.clock()
@@ -51,10 +41,10 @@ class TimeBudget:
         return statistics.median(self.recent) if self.recent else 0.0
 
     def reserve(self) -> float:
-        final = self.final_cost if self.final_cost is not None else self.final_estimate(self.step_time())
-        return RESERVE_MARGIN * final
+        return RESERVE_MARGIN * (self.final_estimate(self.step_time()) if self.final_cost is None else self.final_cost)
 
     def progress(self) -> float:
+        """The share of the training time used, for the lr schedule; it may pass 1."""
         available = self.limit - (self.loop_started - self.started) - self.reserve()
         return (self.clock() - self.loop_started) / max(available, 1e-3)
 
@@ -62,11 +52,8 @@ class TimeBudget:
         return self.clock() - self.started + self.step_time() + self.reserve() > self.limit
 
 
-# Each asks the run to stop and keep its work: Ctrl-C, a kill or a scheduler's end (SIGTERM),
-# SLURM's warning ahead of the time limit (--signal=USR1@...), Grid Engine's (SIGUSR2), a CPU-time
-# limit's (SIGXCPU: ulimit -t, before its SIGKILL), a closed terminal (SIGHUP), and the reader of
-# our output leaving (SIGPIPE: `train.py | head`; configs.errors.StandardStream). A signal the
-# run was started ignoring (SIGHUP under nohup, SIGINT in a background job) stays ignored.
+# Each asks the run to stop and keep its work: Ctrl-C, a kill, SLURM's or Grid Engine's warning, a CPU-time limit,
+# a closed terminal, or the reader of our output leaving (`| head`). One the run started ignoring (nohup) stays so.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGXCPU, signal.SIGHUP,
                 signal.SIGPIPE)
 
@@ -76,12 +63,8 @@ class Stopped(Exception):
 
 
 class StopSignal:
-    """A stop signal sets a flag; the loop finishes its step, saves, evaluates and exits. During an
-    eval or the end-of-run sample (cut_short) it ends that work at once: nothing of it is saved.
-
-    A second Ctrl-C quits at once (single process only: under torchrun every worker gets the
-    signal from the terminal and again from torchrun, which must not count as a second press),
-    after the save if one is being written (holding). Any other second signal lets the save finish."""
+    """A stop signal lets the loop finish its step, save, evaluate and exit, but ends cut_short's work at once.
+    With escalate (off under torchrun, which repeats signals), a second Ctrl-C quits at once, or after a save."""
 
     def __init__(self, escalate: bool) -> None:
         self.name: str | None = None
@@ -90,13 +73,13 @@ class StopSignal:
 
     def __enter__(self) -> StopSignal:
         if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:  # Python itself ignores SIGPIPE, so that one was not the user's choice
+            for sig in STOP_SIGNALS:  # Python itself ignores SIGPIPE, so ignoring it was not the user's choice
                 if signal.getsignal(sig) is not signal.SIG_IGN or sig == signal.SIGPIPE:
                     self.previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.abrupt:  # cut_short's caller says what was stopped
+        if self.abrupt:  # cut_short's caller tells what was stopped
             self.name, self.abrupt = self.name or signal.Signals(signum).name, False
             raise Stopped
         if self.name and self.escalate and signum == signal.SIGINT:
@@ -108,7 +91,7 @@ class StopSignal:
             print(f"\n{self.name}: finishing this step, then save + eval (Ctrl-C again to quit without saving)",
                   file=sys.stderr, flush=True)
 
-    def cut_short(self, work: Callable[[], T]) -> T | None:
+    def cut_short(self, work: Callable[[], Any]) -> Any:
         """work(), or None if a stop signal came before it ended: for work whose result is not saved."""
         self.abrupt = True
         try:
@@ -132,3 +115,9 @@ class StopSignal:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+def exit_code(stopped: str) -> int:
+    """A shell's exit code for a stop by signal, 128 + its number (a quit is SIGINT's), else 0."""
+    name = "SIGINT" if stopped == "quit" else stopped
+    return 128 + signal.Signals[name] if name in signal.Signals.__members__ else 0

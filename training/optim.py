@@ -1,16 +1,11 @@
-"""Optimizers and the learning-rate schedule (training's, not the model's).
+"""Optimizers and the learning-rate schedule for --optimizer adamw or muon.
 
-Two recipes, chosen by `--optimizer`:
-  adamw  AdamW on everything; weight decay on matrices (Linear weights, embeddings) only.
-  muon   Muon on the 2-D weights inside the transformer blocks, AdamW on the rest (embeddings,
-         the head, norms, biases); decoupled weight decay on every matrix. Muon makes every
-         direction of a weight matrix learn at the same rate (docs/performance.md: what it buys).
-"""
+AdamW decays matrices only. With muon, Muon updates the blocks' matrices, so that every direction of a matrix
+learns at the same rate (docs/performance.md), AdamW the rest, and every matrix gets decoupled weight decay."""
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Any
 
 import torch
@@ -18,15 +13,13 @@ import torch
 
 @torch.no_grad()
 def orthogonalize(update: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Approximately U V^T for each matrix update = U S V^T (batched over leading dims), by a
-    quintic Newton-Schulz iteration whose coefficients push every singular value into roughly
-    [0.7, 1.2] in 5 steps rather than converge: enough for an optimizer step, and cheap."""
+    """About U V^T for each matrix update = U S V^T, batched over leading dims. This quintic Newton-Schulz
+    iteration pushes every singular value into about [0.7, 1.2] in 5 steps, which is enough for a step."""
     a, b, c = 3.4445, -4.7750, 2.0315
-    x = update.to(dtype).reshape(-1, *update.shape[-2:])  # (..., m, n) -> (batch, m, n)
-    tall = x.size(-2) > x.size(-1)
-    if tall:  # iterate on the wide orientation so x @ x^T is the smaller Gram matrix
+    x = update.to(dtype).reshape(-1, *update.shape[-2:])
+    if tall := x.size(-2) > x.size(-1):  # the wide orientation makes x @ x^T the smaller Gram matrix
         x = x.mT
-    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # singular values <= 1: the basin
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # singular values <= 1, where the iteration converges
     for _ in range(steps):
         gram = x @ x.mT
         # x <- a x + (b gram + c gram^2) x, each sum fused into its matmul (docs/performance.md)
@@ -35,9 +28,8 @@ def orthogonalize(update: torch.Tensor, steps: int = 5, dtype: torch.dtype = tor
 
 
 class Muon(torch.optim.Optimizer):
-    """SGD with Nesterov momentum whose update is orthogonalized before it is applied; 2-D weights
-    only. Steps scale by sqrt(max(1, rows / cols)) so tall and wide matrices move their outputs
-    alike; weight decay is decoupled, as in AdamW; ns_dtype is Newton-Schulz's precision."""
+    """SGD with Nesterov momentum whose update is orthogonalized, for 2-D weights. Steps scale by
+    sqrt(max(1, rows / cols)) so that tall and wide matrices move their outputs alike."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
                  ns_steps: int = 5, weight_decay: float = 0.0, ns_dtype: torch.dtype = torch.bfloat16):
@@ -53,29 +45,23 @@ class Muon(torch.optim.Optimizer):
             lr, mu = group["lr"], group["momentum"]
             params = [p for p in group["params"] if p.grad is not None]
             grads = [p.grad for p in params]
-            for p in params:
-                if "momentum_buffer" not in self.state[p]:
-                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+            for p in (p for p in params if "momentum_buffer" not in self.state[p]):
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
             bufs = [self.state[p]["momentum_buffer"] for p in params]
-            # One foreach op over all parameters instead of one small op each: fewer launches.
             torch._foreach_mul_(bufs, mu)
             torch._foreach_add_(bufs, grads)
             updates = torch._foreach_add(grads, bufs, alpha=mu) if group["nesterov"] else bufs
             if group["weight_decay"]:
                 torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-            same_shape: dict[torch.Size, list[int]] = defaultdict(list)
-            for i, p in enumerate(params):
-                same_shape[p.shape].append(i)
-            # One batched Newton-Schulz per shape (e.g. every layer's c_fc at once): fewer, larger matmuls.
-            for shape, idx in same_shape.items():
+            for shape in dict.fromkeys(p.shape for p in params):  # one batched Newton-Schulz per shape
+                idx = [i for i, p in enumerate(params) if p.shape == shape]
                 directions = orthogonalize(torch.stack([updates[i] for i in idx]), group["ns_steps"], self.ns_dtype)
                 scale = max(1.0, shape[0] / shape[1]) ** 0.5
                 torch._foreach_add_([params[i] for i in idx], list(directions.unbind()), alpha=-lr * scale)
 
 
 class Chain:
-    """Several optimizers that act as one: step, zero_grad, param_groups and state_dict span
-    them all, so the training loop (and GradScaler) need not know there are two."""
+    """Several optimizers that act as one, so that the training loop (and GradScaler) need not know there are two."""
 
     def __init__(self, *optimizers: torch.optim.Optimizer):
         self.optimizers = optimizers
@@ -100,9 +86,8 @@ class Chain:
         return {"chain": [opt.state_dict() for opt in self.optimizers]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the optimizers' state (moments, momentum buffers, step counts) but keep the
-        hyperparameters this run was configured with: torch's load_state_dict brings back the
-        saved ones, which would silently ignore a changed --lr or --weight-decay on --resume."""
+        """Restore the optimizers' state but keep this run's hyperparameters: torch's would bring back the saved
+        ones, silently ignoring a changed --lr or --weight-decay on --resume."""
         for opt, s in zip(self.optimizers, state["chain"], strict=True):
             configured = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
             opt.load_state_dict(s)
@@ -110,11 +95,9 @@ class Chain:
                 group.update(hyper)
 
 
-def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool,
-                        dtype: torch.dtype = torch.float32) -> Chain:
-    """The optimizer for cfg.optimizer; each param group keeps its peak rate as "base_lr" for set_lr.
-    fused: AdamW's one-kernel step (rt.choices.fused_adamw). dtype: the run's compute dtype
-    (rt.choices.dtype), which Muon's Newton-Schulz uses too: bf16 only where bf16 is native."""
+def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool, dtype: torch.dtype = torch.float32) -> Chain:
+    """The optimizer for cfg.optimizer, each param group's peak rate kept as "base_lr" for set_lr. `fused` picks
+    AdamW's one-kernel step; `dtype` is the run's compute dtype, which Muon's Newton-Schulz uses too."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights once
     hidden = [p for n, p in named if cfg.optimizer == "muon" and p.dim() == 2 and ".h." in n]
     rest = [p for n, p in named if not any(p is q for q in hidden)]
@@ -122,7 +105,7 @@ def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool,
                    {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
     adam = torch.optim.AdamW([g for g in adam_groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                              fused=fused)
-    # decoupled weight decay on Muon's matrices too: a lower val loss on small (docs/performance.md)
+    # decoupled weight decay on Muon's matrices too gave a lower val loss on small (docs/performance.md)
     muon = [Muon(hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
                  ns_dtype=dtype)] if hidden else []
     chain = Chain(adam, *muon)
@@ -132,17 +115,16 @@ def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool,
 
 
 def lr_multiplier(step: int, progress: float, cfg: Any) -> float:
-    """Fraction of the peak learning rate at optimizer step `step` (0-based): linear warmup, then cfg.lr_schedule
-    by `progress`, the share of the run done (steps, or --max-time's clock if further along)."""
+    """The fraction of the peak learning rate at step `step` (0-based): a linear warmup, then cfg.lr_schedule by
+    `progress`, the share of the run done (by steps, or by --max-time's clock if that is further along)."""
     if step < cfg.warmup_iters:
         return (step + 1) / (cfg.warmup_iters + 1)
     if cfg.lr_schedule == "constant":
         return 1.0
     floor = cfg.min_lr / cfg.lr if cfg.lr else 0.0
     progress = min(max(progress, 0.0), 1.0)
-    if cfg.lr_schedule == "wsd":
-        decay = min(1.0, max(0.0, (progress - (1 - cfg.decay_frac)) / cfg.decay_frac))
-        return 1.0 - decay * (1.0 - floor)
+    if cfg.lr_schedule == "wsd":  # flat, then linear to the floor over the last decay_frac of the run
+        return 1.0 - max(0.0, (progress - (1 - cfg.decay_frac)) / cfg.decay_frac) * (1.0 - floor)
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - floor)
 
 

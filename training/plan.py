@@ -1,13 +1,13 @@
-"""Memory and time of a run before it starts: `train.py --plan` and `--batch-size auto`.
+"""Memory and time of a run before it starts: the fit check, --batch-size auto and train.py --plan.
 
     python train.py --config gpt2 --plan --gpu a100-40gb --n-layer 24 --n-embd 1024 --n-head 16
 
-The model is built on the meta device (shapes only). Each term of the estimate, and how it was
-checked against measured peaks (benchmarks/memory.py, tests/test_plan.py): docs/planning.md.
+docs/planning.md explains each term of the estimate and how it was checked against measured peaks.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import re
@@ -23,57 +23,28 @@ from configs.errors import UserError, first_line
 from configs.model import GPTConfig
 from model.gpt import GPT
 from training.optim import Muon, configure_optimizer
-from training.runtime import GPU_MEMORY_GB, PEAK_FLOPS
+from training.runtime import GPUS
 
 F32 = 4  # bytes of a float32: parameters, gradients, optimizer state, the residual stream
 GiB = 2**30
-USABLE = 0.9  # share of a GPU's memory to plan on: the CUDA context and the allocator's fragmentation take the rest
+USABLE = 0.9  # the share of a GPU's memory to plan on: the CUDA context and the allocator's fragments take the rest
 DEFAULT_MFU = 0.3  # what nanoGPT's GPT-2 runs reach; tiny models reach far less (docs/planning.md)
 ADVICE = "use --batch-size auto, a smaller --block-size or a smaller model"
 
 
-@dataclass(frozen=True)
-class Counts:
-    """What the memory and time estimates need from a model, read off its (meta) parameters."""
-
-    params: int  # tied weights once
-    embedding: int  # wte and (learned positions) wpe
-    matmul: int  # Linear weights and biases: autocast keeps a bf16 copy of each while the graph lives
-    buffers: int  # bytes: causal masks, rotary tables
-    adamw: int  # parameters AdamW updates (two moments each)
-    muon: int  # parameters Muon updates (one momentum buffer each)
-    muon_group: int  # the largest set of same-shape Muon weights: orthogonalized as one batch
-    flops_per_token: float
-
-
-def count(model: torch.nn.Module, cfg: TrainConfig) -> Counts:
-    """Counts for model under cfg's optimizer recipe (optim.configure_optimizer's own split)."""
-    opt = configure_optimizer(model, cfg, fused=False)  # no state is allocated before the first step
-    muon = [p for o in opt.optimizers if isinstance(o, Muon) for g in o.param_groups for p in g["params"]]
-    groups = Counter(p.shape for p in muon)  # weights of one shape are orthogonalized as one batch
-    linear = [p for m in model.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters()]
-    embed = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
-    n_muon = sum(p.numel() for p in muon)
-    return Counts(
-        params=model.num_params(), embedding=sum(p.numel() for p in embed),
-        matmul=sum(p.numel() for p in linear), buffers=sum(b.numel() * b.element_size() for b in model.buffers()),
-        adamw=sum(p.numel() for g in opt.param_groups for p in g["params"]) - n_muon, muon=n_muon,
-        muon_group=max((shape.numel() * n for shape, n in groups.items()), default=0),
-        flops_per_token=model.flops_per_token(cfg.block_size))
-
-
-def meta_model(cfg: TrainConfig, vocab_size: int) -> GPT:
+def meta_model(mc: GPTConfig) -> GPT:
+    """The model on the meta device, which holds shapes only."""
     try:
         with torch.device("meta"):
-            return GPT(cfg.model_config(vocab_size))
-    except RuntimeError as e:  # a weight of more bytes than an int64 counts: no plan, no device holds it
+            return GPT(mc)
+    except RuntimeError as e:  # a weight of more bytes than an int64 counts, which no device holds
         raise UserError(f"this model is too big to plan, let alone train ({first_line(e)}); use a smaller "
                         "--n-embd, --n-layer or --vocab-size") from None
 
 
 def activation_bytes(mc: GPTConfig, batch: int, seq: int, low_precision: bool, compiled: bool) -> int:
-    """Bytes that grow with the batch at the peak (the start of the backward): what each layer
-    saves for the backward, plus the largest transient on top. Term by term: docs/planning.md."""
+    """The bytes at the peak that grow with the batch: what each layer saves for the backward, plus the
+    backward's largest transient."""
     a = 2 if low_precision else F32
     copy = a if low_precision else 0  # autocast's low-precision copy of an fp32 tensor
     C, H, V, nh = mc.n_embd, mc.mlp_ratio * mc.n_embd, mc.vocab_size, mc.n_head
@@ -101,80 +72,69 @@ def activation_bytes(mc: GPTConfig, batch: int, seq: int, low_precision: bool, c
     return tokens * (mc.n_layer * layer + head) + transient
 
 
-def muon_step_bytes(counts: Counts, low_precision: bool) -> int:
-    """Temporaries of Muon's step: a Nesterov update per weight, then the largest same-shape group
-    stacked and orthogonalized (docs/planning.md)."""
-    return F32 * counts.muon + (16 if low_precision else 20) * counts.muon_group
-
-
 @dataclass(frozen=True)
 class Estimate:
-    """Memory of one training set-up as a function of the micro-batch."""
+    """Peak memory of one training set-up as a function of the micro-batch, from its parameter counts."""
 
-    counts: Counts
     config: GPTConfig
     seq: int
     low_precision: bool  # bf16/fp16 autocast
     compiled: bool
-    nproc: int = 1
-    LATER = ("compiled backward", "Muon step")  # after the activations are freed
+    nproc: int
+    params: int  # tied weights once
+    matmul: int  # Linear weights and biases: autocast keeps a low-precision copy of each while the graph lives
+    buffers: int  # bytes: causal masks, rotary tables
+    adamw: int  # parameters AdamW updates (two moments each)
+    muon: int  # parameters Muon updates (one momentum buffer each)
+    muon_group: int  # the largest set of same-shape Muon weights: orthogonalized as one batch
 
     @classmethod
     def of(cls, model: GPT, cfg: TrainConfig, low_precision: bool, nproc: int = 1) -> Estimate:
-        return cls(count(model, cfg), model.config, cfg.block_size, low_precision, cfg.compile, nproc)
+        """The estimate for model (a meta one will do) trained as cfg says, with cfg's optimizers."""
+        opt = configure_optimizer(model, cfg, fused=False)  # no state is allocated before the first step
+        muon = [p for o in opt.optimizers if isinstance(o, Muon) for g in o.param_groups for p in g["params"]]
+        n_muon, shapes = sum(p.numel() for p in muon), Counter(p.shape for p in muon)
+        return cls(model.config, cfg.block_size, low_precision, cfg.compile, nproc, params=model.num_params(),
+                   matmul=sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)
+                              for p in m.parameters()),
+                   buffers=sum(b.numel() * b.element_size() for b in model.buffers()),
+                   adamw=sum(p.numel() for g in opt.param_groups for p in g["params"]) - n_muon, muon=n_muon,
+                   muon_group=max((shape.numel() * n for shape, n in shapes.items()), default=0))
 
     def memory(self, batch: int) -> dict[str, int]:
-        """Peak bytes per process by part. "total": what lives throughout (gradients included, as from the
-        second micro-step on) plus the largest of the autocast copies with the activations and the LATER parts."""
-        n = self.counts
+        """Peak bytes per process by part. The "total" is what lives throughout (gradients too, as from the second
+        micro-step on) plus the largest of the activations with the autocast copies, the compiled backward and
+        Muon's step, since the last two come after the activations are freed."""
+        mc, low = self.config, self.low_precision
+        a, VC = (2 if low else F32), mc.vocab_size * mc.n_embd
         parts = {
-            "weights and buffers": F32 * n.params + n.buffers,
-            "gradients": F32 * n.params,
-            "optimizer states": 2 * F32 * n.adamw + F32 * n.muon,
-            "DDP gradient buckets": F32 * n.params if self.nproc > 1 else 0,
-            "autocast weight copies": 2 * n.matmul if self.low_precision else 0,
-            "activations": activation_bytes(self.config, batch, self.seq, self.low_precision, self.compiled),
-            "compiled backward": self._compiled_gradients(batch),
-            "Muon step": muon_step_bytes(n, self.low_precision),
+            "weights and buffers": F32 * self.params + self.buffers,
+            "gradients": F32 * self.params,
+            "optimizer states": 2 * F32 * self.adamw + F32 * self.muon,
+            "DDP gradient buckets": F32 * self.params if self.nproc > 1 else 0,
+            "autocast weight copies": 2 * self.matmul if low else 0,
+            "activations": activation_bytes(mc, batch, self.seq, low, self.compiled),
+            # every gradient at once before any reaches .grad (the tied one twice, lm_head's in `a` too), the logits
+            "compiled backward": (F32 * self.params + (F32 * VC if mc.tie_weights else 0) + (a * VC if low else 0)
+                                  + a * mc.vocab_size * batch * self.seq) if self.compiled else 0,
+            # a Nesterov update per weight, then the largest same-shape group stacked and orthogonalized
+            "Muon step": F32 * self.muon + (16 if low else 20) * self.muon_group,
         }
         graph = parts["autocast weight copies"] + parts["activations"]
-        static = sum(parts.values()) - graph - sum(parts[k] for k in self.LATER)
-        parts["total"] = static + max(graph, *(parts[k] for k in self.LATER))
+        later = parts["compiled backward"], parts["Muon step"]
+        parts["total"] = sum(parts.values()) - graph - sum(later) + max(graph, *later)
         return parts
 
-    def _compiled_gradients(self, batch: int) -> int:
-        """A compiled backward returns every gradient at once, before any reaches .grad (docs/planning.md)."""
-        if not self.compiled:
-            return 0
-        a, V, C = (2 if self.low_precision else F32), self.config.vocab_size, self.config.n_embd
-        tied = F32 * V * C if self.config.tie_weights else 0
-        return F32 * self.counts.params + tied + (a if self.low_precision else 0) * V * C + a * V * batch * self.seq
-
     def largest_batch(self, budget: float, divides: int = 0) -> int:
-        """The largest micro-batch whose peak fits in budget bytes (0 if none); with divides, the
-        largest divisor of that number, so gradient accumulation keeps the global batch."""
-        best, over = 0, 1  # memory grows with the batch: double past the budget, then bisect
+        """The largest micro-batch whose peak fits in budget bytes (0 if none). With divides, the largest divisor
+        of `divides` up to that, so that gradient accumulation keeps the global batch."""
+        over = 1  # memory grows with the batch: double past the budget, then bisect
         while self.memory(over)["total"] <= budget:
-            best, over = over, 2 * over
-        while over - best > 1:
-            mid = (best + over) // 2
-            best, over = (mid, over) if self.memory(mid)["total"] <= budget else (best, mid)
+            over *= 2
+        best = max(0, bisect.bisect_right(range(over), budget, key=lambda b: self.memory(b)["total"]) - 1)
         if divides:
             best = max((d for d in range(1, min(best, divides) + 1) if divides % d == 0), default=0)
         return best
-
-
-def gpu_spec(name: str) -> tuple[str, int, float]:
-    """(label, memory bytes, dense bf16 FLOP/s) for --gpu NAME: a runtime.PEAK_FLOPS entry in any
-    case, without spaces or "RTX " (h100, a100, 4090), optionally sized: a100-40gb, h100-94gb."""
-    match = re.fullmatch(r"(.+?)(?:-(\d+)gb)?", name.lower().replace(" ", ""))
-    names = {s: k for k in PEAK_FLOPS for s in (k.lower().replace(" ", ""), k.lower().removeprefix("rtx "))}
-    key = names.get(match.group(1)) if match else None
-    if key is None:
-        choices = ", ".join(k.lower().removeprefix("rtx ") for k in PEAK_FLOPS)
-        raise UserError(f"--gpu {name!r} is not in the table; choose one of {choices} (a100-40gb: another size)")
-    gb = int(match.group(2) or GPU_MEMORY_GB[key])
-    return f"{key} {gb}GB", gb * GiB, PEAK_FLOPS[key]
 
 
 def free_memory(device: str) -> int:
@@ -190,15 +150,6 @@ def free_memory(device: str) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def sequences_per_step(cfg: TrainConfig, nproc: int) -> int:
-    """Sequences each process handles per optimizer step (micro-batch x accumulation)."""
-    if not cfg.batch_size and not cfg.tokens_per_step:
-        raise UserError("--batch-size auto keeps --tokens-per-step by gradient accumulation: give it too "
-                        f"(e.g. --tokens-per-step {64 * cfg.block_size * nproc})")
-    batch = cfg.batch_size or 1  # auto: any micro-batch that divides the share will do
-    return batch * replace(cfg, batch_size=batch).accumulation(nproc)
-
-
 def least_free(rt: Any) -> float:
     """free_memory on the run's device, the least over the processes: they must all decide alike."""
     free = torch.tensor(float(free_memory(rt.device)), device=rt.device)
@@ -207,14 +158,14 @@ def least_free(rt: Any) -> float:
     return free.item()
 
 
-def check_fits(cfg: TrainConfig, vocab_size: int, rt: Any) -> None:
-    """Refuse a run whose planned peak exceeds its device's free memory before the model is built (its
-    masks alone take block_size^2 bytes a layer): else the kernel kills it unannounced, or CUDA fails."""
+def check_fits(cfg: TrainConfig, mc: GPTConfig, rt: Any) -> None:
+    """Refuse a run whose estimated peak exceeds the free memory before the model is built, since its masks alone
+    take block_size^2 bytes a layer: otherwise the kernel kills it unannounced, or CUDA fails."""
     try:
         free = math.inf if rt.device == "mps" else least_free(rt)
     except (OSError, ValueError):  # neither MemAvailable nor sysconf's page count
         free = math.inf
-    est = Estimate.of(meta_model(cfg, vocab_size), cfg, rt.dtype != torch.float32, rt.world_size)
+    est = Estimate.of(meta_model(mc), cfg, rt.dtype != torch.float32, rt.world_size)
     need = est.memory(cfg.batch_size or 1)["total"]  # --batch-size auto: its smallest choice
     if need > free:
         raise UserError(f"this run needs about {need / GiB:.1f} GiB (the plan: --plan) but the {rt.device} has "
@@ -222,18 +173,27 @@ def check_fits(cfg: TrainConfig, vocab_size: int, rt: Any) -> None:
 
 
 def out_of_memory(e: BaseException, device: str, ckpt: Path | None = None) -> UserError | None:
-    """The one line for an allocation that failed anyway (the plan is an estimate); None for any
-    other error, which keeps its traceback. Saves are atomic, so a checkpoint on disk is whole."""
-    if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e):
-        size = re.search(r"ried to allocate ([\d.]+ \w+)", str(e))  # CUDA's and the CPU allocator's wording
-        return UserError(f"out of memory on {device} ({f'allocating {size[1]}' if size else first_line(e)}); "
-                         f"{ADVICE}" + (f"; {ckpt} is kept" if ckpt and ckpt.is_file() else ""))
+    """The one line for an allocation that failed anyway, or None for any other error, which keeps its traceback.
+    Saves are atomic, so a checkpoint on disk is whole."""
+    # the CPU allocator's error (torch 2.13) is a plain RuntimeError: only its text tells it apart
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "DefaultCPUAllocator: can't allocate memory" in str(e):
+        return UserError(f"out of memory on {device} ({first_line(e)}); {ADVICE}"
+                         + (f"; {ckpt} is kept" if ckpt and ckpt.is_file() else ""))
     return None
 
 
+def sequences_per_step(cfg: TrainConfig, nproc: int) -> int:
+    """The sequences each process handles per optimizer step (micro-batch x accumulation)."""
+    if not cfg.batch_size and not cfg.tokens_per_step:
+        raise UserError("--batch-size auto keeps --tokens-per-step by gradient accumulation: give it too "
+                        f"(e.g. --tokens-per-step {64 * cfg.block_size * nproc})")
+    batch = cfg.batch_size or 1  # auto: any micro-batch that divides the share will do
+    return batch * replace(cfg, batch_size=batch).accumulation(nproc)
+
+
 def auto_batch_size(cfg: TrainConfig, model: GPT, rt: Any) -> TrainConfig:
-    """--batch-size auto (batch_size 0): the largest micro-batch that fits USABLE of the free memory
-    and divides this process's share of tokens_per_step. Prints what and why."""
+    """--batch-size auto (batch_size 0): the largest micro-batch that fits USABLE of the free memory and divides
+    this process's share of tokens_per_step. It prints what it chose and why."""
     share, free = sequences_per_step(cfg, rt.world_size), least_free(rt)
     est = Estimate.of(model, cfg, rt.dtype != torch.float32, rt.world_size)
     fit = est.largest_batch(USABLE * free, divides=share)
@@ -250,8 +210,17 @@ def auto_batch_size(cfg: TrainConfig, model: GPT, rt: Any) -> TrainConfig:
     return replace(cfg, batch_size=fit)
 
 
-def _count(n: float) -> str:
-    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,.0f}"
+def gpu_spec(name: str) -> tuple[str, int, float]:
+    """(label, memory bytes, dense bf16 FLOP/s) for --gpu NAME: a runtime.GPUS name in any case, "RTX " optional
+    (h100, a100, 4090), with another memory size as in a100-40gb."""
+    short = {k: k.lower().removeprefix("rtx ") for k in GPUS}
+    match = re.fullmatch(r"(?:rtx)?(.+?)(?:-(\d+)gb)?", name.lower().replace(" ", ""))
+    key = next((k for k, s in short.items() if match and match[1] == s), None)
+    if key is None:
+        raise UserError(f"--gpu {name!r} is not in the table; choose one of {', '.join(short.values())} "
+                        "(a100-40gb: another size)")
+    flops, gb = GPUS[key][0], int(match[2] or GPUS[key][1])
+    return f"{key} {gb}GB", gb * GiB, flops
 
 
 def _duration(seconds: float) -> str:
@@ -262,62 +231,30 @@ def _duration(seconds: float) -> str:
 
 
 def plan_report(cfg: TrainConfig, vocab_size: int, gpu: str, nproc: int, mfu: float) -> str:
-    """What `train.py --plan` prints: sizes, compute, memory per GPU and time of cfg on nproc x gpu."""
+    """What train.py --plan prints: the size, compute, memory per GPU and time of cfg on nproc x gpu."""
     label, capacity, peak = gpu_spec(gpu)
-    est = Estimate.of(meta_model(cfg, vocab_size), cfg, cfg.dtype != "float32", nproc)
-    counts, T, budget = est.counts, cfg.block_size, USABLE * capacity
-    share = sequences_per_step(cfg, nproc)
-    B = cfg.batch_size or est.largest_batch(budget, divides=share) or 1  # auto: the size it would pick
-    tokens = share * T * nproc
-    positions = ", position" if est.config.pos_emb == "learned" else ""
-    lines = [
+    model, T, budget = meta_model(cfg.model_config(vocab_size)), cfg.block_size, USABLE * capacity
+    est, share = Estimate.of(model, cfg, cfg.dtype != "float32", nproc), sequences_per_step(cfg, nproc)
+    fit, keep = est.largest_batch(budget), est.largest_batch(budget, divides=share)
+    B = cfg.batch_size or keep or 1  # auto: what it would pick
+    mem, tokens, flops = est.memory(B), share * T * nproc, model.flops_per_token(T)
+    unit, unit_name = (GiB, "GiB") if mem["total"] >= GiB else (2**20, "MiB")
+    embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    step = flops * tokens / (nproc * peak * mfu)
+    fits = (f"up to micro-batch {fit}; keeping {tokens:,} tokens/step: {keep} x {share // keep} accumulation" if fit
+            else f"nothing: one sequence needs {est.memory(1)['total'] / GiB:.1f} GiB")
+    return "\n".join([
         f"plan for {cfg.name} on {nproc} x {label} ({peak / 1e12:.0f} TFLOP/s dense bf16); estimates only",
-        f"parameters    {_count(counts.params)} = {_count(counts.embedding)} embedding (token{positions}) "
-        f"+ {_count(counts.params - counts.embedding)} other",
-        f"FLOPs         {counts.flops_per_token / 1e6:,.1f} MFLOP per token (6 per matmul weight + attention: "
-        "MFU's count)",
+        f"parameters    {est.params:,} = {embedding:,} embedding + {est.params - embedding:,} other",
+        f"FLOPs         {flops / 1e6:,.1f} MFLOP per token (6 per matmul weight + attention: MFU's count)",
         f"batch         {tokens:,} tokens/step = {B} sequences x {T} tokens x {nproc} "
         f"process{'es' if nproc > 1 else ''} x {share // B} accumulation",
-        *_memory_lines(est, B, capacity),
-    ]
-    if nproc > 1:
-        ring = 2 * (nproc - 1) / nproc * F32 * counts.params
-        lines.append(f"all-reduce    {F32 * counts.params / GiB:.2f} GiB of fp32 gradients per step "
-                     f"(a ring sends and receives {ring / GiB:.2f} GiB per GPU)")
-    step = counts.flops_per_token * tokens / (nproc * peak * mfu)
-    lines += [_fit_line(est, budget, share, tokens),
-              f"time          {_duration(step)}/step, {tokens / step:,.0f} tokens/s; "
-              f"max_iters {cfg.max_iters:,} = {_duration(step * cfg.max_iters)}",
-              f"              at {mfu:.0%} MFU (nanoGPT's GPT-2 124M run: 4 days on 8 A100 = 29%; --mfu to change)"]
-    return "\n".join(lines)
-
-
-def _memory_lines(est: Estimate, batch: int, capacity: int) -> list[str]:
-    """The plan's memory block: each part, the peak against the GPU's capacity, both attention paths' activations."""
-    mem, budget, n, low = est.memory(batch), USABLE * capacity, est.counts, est.low_precision
-    unit, unit_name = (GiB, "GiB") if mem["total"] >= GiB else (2**20, "MiB")
-    optimizers = f"AdamW on {_count(n.adamw)}" + (f", Muon on {_count(n.muon)}" if n.muon else "")
-    later = "".join(f", {k}" for k in Estimate.LATER if mem[k])
-    lines = [f"memory per GPU in {unit_name}: {'bf16 autocast' if low else 'float32'}, {est.config.attention} "
-             f"attention, {'compiled' if est.compiled else 'eager'}, {optimizers} params",
-             *(f"  {k:<24}{v / unit:8.2f}" for k, v in mem.items() if v and k != "total"),
-             f"  {'peak':<24}{mem['total'] / unit:8.2f}  of {budget / unit:,.1f} usable ({USABLE:.0%} of "
-             f"{capacity / GiB:.0f} GiB): {'fits' if mem['total'] <= budget else 'does NOT fit'}",
-             f"  (peak = the rows above the copies + max(copies + activations{later}))",
-             f"activations at micro-batch {batch}, {unit_name}:   eager  compiled"]
-    for attention in ("sdpa", "explicit"):
-        shape = replace(est.config, attention=attention)
-        eager, compiled = (activation_bytes(shape, batch, est.seq, low, c) / unit for c in (False, True))
-        lines.append(f"  {attention:<34}{eager:7.2f}  {compiled:8.2f}")
-    return lines
-
-
-def _fit_line(est: Estimate, budget: float, share: int, tokens: int) -> str:
-    """The largest micro-batch that fits, and the largest that also keeps the step's tokens."""
-    fit, keep = est.largest_batch(budget), est.largest_batch(budget, divides=share)
-    if fit:
-        return f"fits          up to micro-batch {fit}; keeping {tokens:,} tokens/step: {keep} x {share // keep} " \
-               "accumulation"
-    fixed = est.memory(0)["total"]
-    return "fits          nothing: " + (f"{fixed / GiB:.1f} GiB even without activations" if fixed > budget
-                                       else f"one sequence needs {est.memory(1)['total'] / GiB:.1f} GiB")
+        f"memory per GPU in {unit_name}: {'bf16 autocast' if est.low_precision else 'float32'}, "
+        f"{est.config.attention} attention, {'compiled' if est.compiled else 'eager'}",
+        *(f"  {k:<24}{v / unit:8.2f}" for k, v in mem.items() if v and k != "total"),
+        f"  {'peak':<24}{mem['total'] / unit:8.2f}  of {budget / unit:,.1f} usable ({USABLE:.0%} of "
+        f"{capacity / GiB:.0f} GiB): {'fits' if mem['total'] <= budget else 'does NOT fit'}",
+        f"fits          {fits}",
+        f"time          {_duration(step)}/step, {tokens / step:,.0f} tokens/s; max_iters {cfg.max_iters:,} = "
+        f"{_duration(step * cfg.max_iters)} at {mfu:.0%} MFU (--mfu to change)",
+    ])

@@ -1,7 +1,4 @@
-"""A training run's pieces: data, model, optimizer and state, fresh or resumed, evaluated, saved.
-
-start_run() builds them (Run, RunState); train.py's loop drives them.
-"""
+"""A training run's pieces, built in train.py's order: data, model, optimizer and the Run."""
 
 from __future__ import annotations
 
@@ -9,17 +6,19 @@ import contextlib
 import math
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from configs import MODEL_FIELDS, TrainConfig
+from configs import TrainConfig
 from configs.errors import UserError
+from configs.model import GPTConfig
 from data.files import is_dataset, write_json
 from data.loader import GlobalBatchLoader, eval_batches
 from data.manifest import VOCABULARY, differences, read_dataset_manifest
@@ -29,21 +28,47 @@ from data.tokenizer import tokenizer_from_manifest
 from model.checkpoint import BEST_NAME, CKPT_NAME, is_checkpoint, load_checkpoint, model_from_checkpoint, save_checkpoint
 from model.gpt import GPT
 from model.hf import load_pretrained, pretrained_manifest
+from model.kv_cache import generate
 from training.optim import configure_optimizer
 from training.plan import auto_batch_size, check_fits
 from training.reference import Reference
 from training.runlog import RunLog
+from training.budget import exit_code
 from training.runtime import Runtime, attention_kernel, capture_rng_state, restore_rng_state, trainable
 
-# The architecture a checkpoint brings replaces these; dropout and block_size stay the run's.
-ARCH_FIELDS = tuple(k for k in MODEL_FIELDS if k not in ("dropout", "block_size"))
+# The architecture that loaded weights bring with them; dropout and block_size stay the run's.
+ARCH_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name not in ("dropout", "block_size"))
 RESUME_KEYS = ("model", "train_config", "optimizer", "scaler", "step", "loader", "rng", "best_val", "manifest")
 
 
-def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> tuple[GPT, TrainConfig]:
-    """The GPT for this run: the resumed checkpoint's, --init-from weights, or fresh from cfg.
-    Weights from a checkpoint or a pretrained model bring their architecture (cfg's model fields
-    are updated to match and the difference is printed); dropout always comes from cfg."""
+def build_model(cfg: TrainConfig, rt: Runtime, manifest: dict[str, Any], ckpt: dict | None) -> tuple[GPT, TrainConfig]:
+    """The GPT for this run on its device: the resumed checkpoint's, --init-from weights, or fresh from cfg,
+    and cfg with --batch-size auto resolved. Loaded weights keep their own architecture (where it differs from
+    cfg's, a note says so); dropout is always cfg's."""
+    if not cfg.init_from:  # Pretrained weights bring an architecture that is known only once they load.
+        saved = (ckpt or {}).get("model_config")
+        shape = GPTConfig.from_dict(saved, dropout=cfg.dropout) if saved else cfg.model_config(manifest["vocab_size"])
+        check_fits(cfg, shape, rt)  # Before building, which allocates the masks.
+    model = _weights(cfg, manifest, ckpt)
+    if cfg.batch_size == 0:  # --batch-size auto is sized from free memory, before the weights move there.
+        cfg = auto_batch_size(cfg, model, rt)
+    return model.to(rt.device), cfg
+
+
+def build_optimizer(model: GPT, cfg: TrainConfig, rt: Runtime, ckpt: dict | None) -> torch.optim.Optimizer:
+    """AdamW (or Muon) for model, with its moments (and the loss scaler's state) from the checkpoint on --resume."""
+    optimizer = configure_optimizer(model, cfg, fused=rt.choices.fused_adamw, dtype=rt.choices.dtype)
+    if ckpt is not None:
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+            rt.scaler.load_state_dict(ckpt["scaler"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+            raise UserError(f"cannot resume {cfg.run_dir}: its optimizer state does not fit this run ({e}); resume "
+                            f"with the --optimizer it was saved with, or use --init-from {cfg.run_dir}") from None
+    return optimizer
+
+
+def _weights(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> GPT:
     vocab_size, trained_on = manifest["vocab_size"], ckpt and ckpt.get("manifest")
     if ckpt is not None:
         source: str | Path = cfg.run_dir / CKPT_NAME
@@ -52,10 +77,8 @@ def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -
         model, src, source = load_pretrained(cfg.init_from, dropout=cfg.dropout)
         if src is not None:
             trained_on = src.get("manifest")
-        # a HF folder's ids mean text too: our export's manifest.json says whose; without one, GPT-2 BPE's
-        # if it has that many rows (a smaller vocabulary is someone's own: only its size can be checked)
         elif (source / "manifest.json").is_file() or model.config.vocab_size >= 50257:
-            trained_on = pretrained_manifest(source, None)
+            trained_on = pretrained_manifest(source, None)  # Else GPT-2 BPE's, if the model has that many rows.
     else:
         source, model = "", GPT(cfg.model_config(vocab_size))
     if trained_on and (changes := differences(trained_on, manifest, VOCABULARY)):
@@ -63,34 +86,31 @@ def build_model(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -
                         f"({', '.join(changes)}): its token ids would mean other text; use data of its tokenizer"
                         + (f" (--dataset {trained_on['name']})" if trained_on.get("name") else ""))
     mc = model.config
-    if mc.vocab_size < vocab_size:  # a fresh model's comes from --vocab-size: say how to fix that
+    if mc.vocab_size < vocab_size:  # A fresh model's comes from --vocab-size, so say how to fix that.
         what, fix = (f"the vocabulary of {source} ({mc.vocab_size})", "use a dataset with the model's tokenizer") \
             if source else (f"--vocab-size {mc.vocab_size}", f"use --vocab-size 0 (the tokenizer's) or >= {vocab_size}")
         raise UserError(f"{what} is smaller than the vocabulary of dataset {cfg.dataset} ({vocab_size}); {fix}")
     if cfg.block_size > mc.block_size:
         raise UserError(f"block_size {cfg.block_size} exceeds the context of {source} ({mc.block_size}); "
                         f"pass --block-size {mc.block_size} or less")
-    built = replace(cfg, **{k: getattr(mc, k) for k in ARCH_FIELDS})
-    changed = [f"{k}={getattr(built, k)}" for k in ARCH_FIELDS if getattr(cfg, k) != getattr(built, k)
-               and not (k == "vocab_size" and cfg.vocab_size == 0)]
-    if changed:
+    if changed := [f"{k}={getattr(mc, k)}" for k in ARCH_FIELDS if getattr(cfg, k) != getattr(mc, k)
+                   and not (k == "vocab_size" and cfg.vocab_size == 0)]:
         print(f"note: architecture taken from {source}: {' '.join(changed)}")
-    return model, built
+    return model
 
 
 def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
-    """--eval-only: mean loss and perplexity of --init-from (or out_dir's best checkpoint) on the
-    whole val split of cfg.dataset, and on as many train windows (from the start)."""
+    """--eval-only: loss and perplexity of --init-from (or out_dir's best checkpoint) on the whole val split,
+    and on as many train windows from the start."""
     if rt.ddp:
         raise UserError("--eval-only runs in one process; start it with python, not torchrun")
-    ds_dir = dataset_dir(cfg.dataset, cfg.data_root)
-    manifest = read_dataset_manifest(ds_dir)
+    manifest = read_dataset_manifest(ds_dir := dataset_dir(cfg.dataset, cfg.data_root))
     if not cfg.init_from and not is_checkpoint(cfg.run_dir):
         raise UserError(f"--eval-only: no checkpoint in {cfg.run_dir}; train one first, or pass --init-from "
                         "(a run dir, a Hugging Face GPT-2 dir or a hub id such as gpt2)")
     ckpt = None if cfg.init_from else load_checkpoint(cfg.run_dir, best=True)
-    model, cfg = build_model(replace(cfg, eval_iters=0), manifest, ckpt)
-    losses = evaluate(model.to(rt.device), ds_dir, cfg, rt)
+    model, cfg = build_model(replace(cfg, eval_iters=0), rt, manifest, ckpt)
+    losses = evaluate(model, ds_dir, cfg, rt)
     print(f"{cfg.init_from or cfg.run_dir} on {cfg.dataset} (block_size {cfg.block_size}):")
     for split, extent in (("val", "the whole split"), ("train", "as many windows")):
         loss = losses[f"{split}_loss"]
@@ -98,35 +118,10 @@ def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     return {**losses, "stopped": "eval_only"}
 
 
-def check_resumable(cfg: TrainConfig, ckpt: dict, path: Path, manifest: dict[str, Any]) -> None:
-    """Refuse a checkpoint --resume cannot continue exactly: incomplete, or from other data."""
-    if missing := [k for k in RESUME_KEYS if k not in ckpt]:
-        raise UserError(f"cannot resume {path}: its checkpoint has no {', '.join(missing)} (not saved by train.py, "
-                        f"or damaged); use --init-from {path} to start from its weights")
-    saved = ckpt["train_config"]
-    if saved.get("dataset") != cfg.dataset:
-        raise UserError(f"cannot resume {path}: it trained on {saved.get('dataset')!r}, this run asks for "
-                        f"{cfg.dataset!r}; drop --resume, or use --init-from {path} to fine-tune")
-    if changes := differences(ckpt["manifest"], manifest):
-        raise UserError(f"cannot resume {path}: dataset {cfg.dataset} was prepared again since it was saved "
-                        f"({', '.join(changes)}), so its token ids mean other text; prepare the data it trained "
-                        "on again, or train afresh without --resume")
-    old_sha = ckpt["manifest"].get("sha256")  # same alphabet and length can still be other text: ids mean other words
-    if old_sha and manifest.get("sha256") and old_sha != manifest["sha256"]:
-        raise UserError(f"cannot resume {path}: dataset {cfg.dataset} was rebuilt from other text since this run "
-                        f"started; use --init-from {path} to fine-tune on it, or prepare the old text again to resume")
-    ignore = {"resume", "init_from", *ARCH_FIELDS}  # the checkpoint's architecture wins anyway
-    if changes := [f"{k} {saved[k]!r} -> {v!r}" for k, v in cfg.to_dict().items()
-                   if k in saved and k not in ignore and saved[k] != v]:
-        print(f"note: resuming with changed settings: {', '.join(changes)}")
-
-
 def vocab_size(cfg: TrainConfig) -> int:
     """cfg's vocab_size, else its dataset's (a preset is prepared first, as training would): for --plan."""
-    if cfg.vocab_size:
-        return cfg.vocab_size
     try:
-        return read_dataset_manifest(dataset_dir(cfg.dataset, cfg.data_root))["vocab_size"]
+        return cfg.vocab_size or read_dataset_manifest(dataset_dir(cfg.dataset, cfg.data_root))["vocab_size"]
     except UserError as e:
         raise UserError(f"{e}; or plan without the data by giving --vocab-size") from None
 
@@ -143,10 +138,10 @@ def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime
         total, count = torch.zeros((), device=rt.device), 0
         for x, y in eval_batches(ds_dir / f"{split}.bin", cfg.block_size, batch_size, rt.device, max_batches=limit):
             if rt.threads:
-                rt.threads.update()  # --eval-only has no training loop to do it
+                rt.threads.update()  # --eval-only has no training loop to do it.
             with rt.autocast():
                 _, loss = model(x, y)
-            total += loss.float() * y.numel()  # weight by tokens: the last batch may be short
+            total += loss.float() * y.numel()  # Weighted by tokens, since the last batch may be short.
             count += y.numel()
         out[f"{split}_loss"] = total.item() / count
     model.train()
@@ -157,254 +152,230 @@ def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime
 def sample_text(run: Run) -> str:
     """One sample of cfg.sample_tokens from the tokenizer's start token (end-of-text, else a newline), with its
     own generator so the training RNG streams are untouched (exact resume does not depend on sampling)."""
-    tok, rt = tokenizer_from_manifest(run.manifest), run.rt
+    tok, rt = tokenizer_from_manifest(run.data.manifest), run.rt
     idx = torch.tensor([[tok.start_id]], dtype=torch.long, device=rt.device)
     gen = torch.Generator(device=rt.device).manual_seed(run.cfg.seed)
     with rt.autocast():
-        out = run.model.generate(idx, run.cfg.sample_tokens, temperature=0.8, top_k=200, generator=gen)
+        out = generate(run.model, idx, run.cfg.sample_tokens, temperature=0.8, top_k=200, generator=gen,
+                       vocab_size=tok.vocab_size)
     return tok.decode([int(t[0]) for t in out])
 
 
-@dataclass
-class RunState:
-    """The loop's own progress; every checkpoint stores it."""
+class Data(contextlib.ExitStack):
+    """The run's dataset: its folder and manifest, held (a shared lock) so that no prepare changes it mid-run."""
 
-    step: int = 0
-    best_val: float = math.inf
-    saved_at: int | None = None  # step of the newest ckpt.pt of this run
-    evaluated_at: int | None = None
-    losses: dict[str, float] = field(default_factory=dict)  # the newest eval's
-    wandb_id: str | None = None
+    def __init__(self, dir: Path, manifest: dict[str, Any]) -> None:
+        super().__init__()
+        self.dir, self.manifest = dir, manifest
 
 
-@dataclass
+def open_data(cfg: TrainConfig, rt: Runtime) -> Data:
+    """Rank 0 prepares the dataset (a preset on first use; a no-op later); every rank then holds it and
+    checks, before anything trains, that its tokenizer can be built and each split holds a block."""
+    with rt.together():
+        ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if rt.is_master else None
+    ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root, verbose=False)  # Rank 0 has said it.
+    with contextlib.ExitStack() as held, rt.together():
+        held.enter_context(hold_dataset(ds_dir))  # A prepare now would change what later evals read.
+        manifest = read_dataset_manifest(ds_dir)
+        tokenizer_from_manifest(manifest)  # Fails now, not at the end-of-run sample.
+        if short := [s for s in ("val", "train") if manifest[f"{s}_tokens"] <= cfg.block_size]:
+            raise UserError(f"{short[0]} split of {cfg.dataset} is shorter than one block "
+                            f"({cfg.block_size + 1} tokens); lower --block-size")
+        data = Data(ds_dir, manifest)
+        data.push(held.pop_all())
+        return data
+
+
+def resumed_checkpoint(cfg: TrainConfig, rt: Runtime, data: Data) -> dict[str, Any] | None:
+    """--resume's checkpoint, refused unless this run can continue it exactly; None for a new run, which must
+    not overwrite a trained one."""
+    path = cfg.run_dir
+    if not cfg.resume:
+        if rt.is_master and ((path / CKPT_NAME).is_file() or (path / BEST_NAME).is_file()):
+            raise UserError(f"{path} holds a trained run; continue it with --resume, or start over in another "
+                            f"--out-dir (or after deleting {path})")
+        return None
+    if not is_checkpoint(path) and not (path / BEST_NAME).is_file():
+        raise UserError(f"--resume: no checkpoint at {path / CKPT_NAME}; drop --resume to start this run")
+    ckpt = load_checkpoint(path / CKPT_NAME)
+    if missing := [k for k in RESUME_KEYS if k not in ckpt]:
+        raise UserError(f"cannot resume {path}: its checkpoint has no {', '.join(missing)} (not saved by train.py, "
+                        f"or damaged); use --init-from {path} to start from its weights")
+    saved = ckpt["train_config"]
+    if saved.get("dataset") != cfg.dataset:
+        raise UserError(f"cannot resume {path}: it trained on {saved.get('dataset')!r}, this run asks for "
+                        f"{cfg.dataset!r}; drop --resume, or use --init-from {path} to fine-tune")
+    if changes := differences(ckpt["manifest"], data.manifest):
+        raise UserError(f"cannot resume {path}: dataset {cfg.dataset} was prepared again since it was saved "
+                        f"({', '.join(changes)}), so its token ids mean other text; prepare the data it trained "
+                        "on again, or train afresh without --resume")
+    old_sha, sha = ckpt["manifest"].get("sha256"), data.manifest.get("sha256")  # The same sizes can be other text.
+    if old_sha and sha and old_sha != sha:
+        raise UserError(f"cannot resume {path}: dataset {cfg.dataset} was rebuilt from other text since this run "
+                        f"started; use --init-from {path} to fine-tune on it, or prepare the old text again to resume")
+    ignore = {"resume", "init_from", *ARCH_FIELDS}  # The checkpoint's architecture wins anyway.
+    if changes := [f"{k} {saved[k]!r} -> {v!r}" for k, v in cfg.to_dict().items()
+                   if k in saved and k not in ignore and saved[k] != v]:
+        print(f"note: resuming with changed settings: {', '.join(changes)}")
+    return ckpt
+
+
 class Run:
-    """Everything the loop works with, built once by start_run()."""
+    """What the loop works with: the model as it trains, this rank's batches, the run's progress and its log,
+    restored on --resume; closing it draws loss.png and closes the log."""
 
-    cfg: TrainConfig
-    rt: Runtime
-    model: torch.nn.Module  # the raw module: what is saved, evaluated and sampled
-    train_model: torch.nn.Module | None  # model, compiled and/or DDP-wrapped: what trains
-    optimizer: Any
-    loader: GlobalBatchLoader
-    manifest: dict[str, Any]
-    ds_dir: Path
-    held: IO[str]  # the dataset's shared lock (hold_dataset), for the whole run
-    grad_accum: int
-    log: RunLog | None  # rank 0 only
-    state: RunState
+    def __init__(self, cfg: TrainConfig, rt: Runtime, model: GPT, optimizer: torch.optim.Optimizer, data: Data,
+                 ckpt: dict[str, Any] | None, started: float) -> None:
+        self.cfg, self.rt, self.model, self.optimizer, self.data, self.started = cfg, rt, model, optimizer, data, started
+        # What config.json, the checkpoint and wandb record: cfg, with the architecture the weights have.
+        self.settings = cfg.to_dict() | {k: getattr(model.config, k) for k in ARCH_FIELDS}
+        self.grad_accum, self.run_dir = cfg.accumulation(rt.world_size), cfg.run_dir
+        self.tokens_per_step = self.grad_accum * cfg.batch_size * cfg.block_size * rt.world_size
+        self.loader = GlobalBatchLoader(data.dir / "train.bin", cfg.block_size,
+                                        self.grad_accum * cfg.batch_size * rt.world_size, self.grad_accum, rt.rank,
+                                        rt.world_size, rt.device, cfg.seed, cfg.sampling)
+        # saved_at is the newest ckpt.pt's step. last_eval is the newest eval's record, {"step": n} if a signal cut it.
+        self.step, self.saved_at, self.last_eval = 0, None, {}
+        self.best_val, self.wandb_id, self.stopped = math.inf, None, None
+        resumed = ckpt is not None
+        if resumed:
+            self.loader.load_state_dict(ckpt["loader"])
+            self.step = self.saved_at = ckpt["step"]
+            self.best_val, self.wandb_id = ckpt["best_val"], ckpt.get("wandb_id")
+        example = torch.zeros(2, cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
+        self.train_model: torch.nn.Module | None = trainable(model, rt, tuple(example))  # Compiled, DDP-wrapped.
+        self.log = RunLog(self.run_dir, started, resume_step=self.step if resumed else None,
+                          reference=Reference.matching(self.settings, rt.world_size)) if rt.is_master else None
+        if resumed:
+            self.last_eval = next((r for r in (self.log.records if self.log else [])
+                                   if r["step"] == self.step and "val_loss" in r), {"step": self.step})
+        if rt.is_master:
+            announce(self, resumed)
+            if rt.device_type == "cpu":
+                say_if_long(self)
+        if resumed:  # Last, so that nothing above (model init, compile) shifts the random streams.
+            restore_rng_state(ckpt["rng"])
+            if rt.rank:  # Only rank 0's streams are saved; the other ranks' dropout masks must differ from it.
+                torch.manual_seed(int(np.random.SeedSequence([cfg.seed, rt.rank, self.step]).generate_state(1)[0]))
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, failed: type | None, *exc: Any) -> None:
+        self.train_model = None  # The DDP wrapper holds the process group, which rt.close() ends.
+        if self.log is not None:
+            self.log.plot()  # After a crash or a nan, still draw what was logged.
+            self.log.close(exit_code=1 if failed or self.stopped is None else exit_code(self.stopped))
 
     @property
-    def run_dir(self) -> Path:
-        return self.cfg.run_dir
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.grad_accum * self.cfg.batch_size * self.cfg.block_size * self.rt.world_size
-
-
-# A checkpoint holds the weights and AdamW's two moments (~3x the weights), written at the
-# speed of a slow disk, plus a fixed cost for pickling and fsync.
-CKPT_BYTES_PER_WEIGHT_BYTE, DISK_BYTES_PER_S, SAVE_FIXED_S = 3, 200e6, 0.2
+    def losses(self) -> dict[str, float]:
+        """This step's train and val loss, if this step was evaluated."""
+        now = self.last_eval if self.last_eval.get("step") == self.step else {}
+        return {k: now[k] for k in ("train_loss", "val_loss") if k in now}
 
 
 def final_estimate(run: Run) -> Callable[[float], float]:
-    """--max-time's guess of the final eval + save + plot, until one has been timed: one eval batch
-    timed now (warm: a cold first call took 1.2x as long), scaled to the eval's size, plus the
-    checkpoint's write. Not a share of a step's time: that share differs between CPUs."""
-    cfg, model = run.cfg, run.model
+    """--max-time's guess of the final eval, save and plot, used until one has been timed: a warm eval batch timed
+    now and scaled to the eval, plus the checkpoint's write. A share of a step's time would differ between CPUs."""
+    cfg = run.cfg
     eval_batch = cfg.eval_batch_size or cfg.batch_size
     for _ in range(2):
         t0 = time.perf_counter()
         probe_loss(run)
-    val_tokens = min(run.manifest["val_tokens"], cfg.eval_iters * eval_batch * cfg.block_size or math.inf)
-    evaluating = (time.perf_counter() - t0) * 2 * math.ceil(val_tokens / (eval_batch * cfg.block_size))  # val, train
-    saving = SAVE_FIXED_S + CKPT_BYTES_PER_WEIGHT_BYTE * sum(p.numel() * p.element_size() for p in model.parameters()) \
-        / DISK_BYTES_PER_S
+    val_tokens = min(run.data.manifest["val_tokens"], cfg.eval_iters * eval_batch * cfg.block_size or math.inf)
+    # Twice: the val split, then as many train batches.
+    evaluating = (time.perf_counter() - t0) * 2 * math.ceil(val_tokens / (eval_batch * cfg.block_size))
+    # The weights and AdamW's two moments at a slow disk's 200 MB/s, plus 0.2 s to pickle and fsync.
+    saving = 0.2 + 3 * sum(p.numel() * p.element_size() for p in run.model.parameters()) / 200e6
     return lambda step_seconds: evaluating + saving + (run.log.plot_cost if run.log else 0.0)
 
 
 def probe_loss(run: Run) -> float:
     """The loss on the first val batch, in eval mode (no random draw): a cheap look at the weights."""
     cfg = run.cfg
-    x, y = next(eval_batches(run.ds_dir / "val.bin", cfg.block_size, cfg.eval_batch_size or cfg.batch_size,
+    x, y = next(eval_batches(run.data.dir / "val.bin", cfg.block_size, cfg.eval_batch_size or cfg.batch_size,
                              run.rt.device, max_batches=1))
     run.model.eval()
     with torch.no_grad(), run.rt.autocast():
-        loss = run.model(x, y)[1].item()  # .item(): waits for the device
+        loss = run.model(x, y)[1].item()  # .item() waits for the device.
     run.model.train()
     return loss
 
 
-def start_run(cfg: TrainConfig, rt: Runtime, t_start: float) -> Run:
-    """Data, model, optimizer, loader and run log, fresh or restored from --resume."""
-    master, run_dir = rt.is_master, cfg.run_dir
-    with rt.together():  # rank 0 prepares the data (idempotent); the others then just find it
-        ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if master else None
-    ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root, verbose=False)  # rank 0 said it
-    held = hold_dataset(ds_dir)  # a prepare of it now would change what later evals read: refuse it
-    manifest = read_dataset_manifest(ds_dir)
-    tokenizer_from_manifest(manifest)  # fails now, not at the end-of-run sample, if it cannot be built
-    if short := [s for s in ("val", "train") if manifest[f"{s}_tokens"] <= cfg.block_size]:  # not at the first eval
-        raise UserError(f"{short[0]} split of {cfg.dataset} is shorter than one block "
-                        f"({cfg.block_size + 1} tokens); lower --block-size")
-    if cfg.resume and not is_checkpoint(run_dir) and not (run_dir / BEST_NAME).is_file():
-        raise UserError(f"--resume: no checkpoint at {run_dir / CKPT_NAME}; drop --resume to start this run")
-    ckpt = load_checkpoint(run_dir / CKPT_NAME) if cfg.resume else None
-    if ckpt is not None:
-        check_resumable(cfg, ckpt, run_dir, manifest)
-    elif master and ((run_dir / CKPT_NAME).is_file() or (run_dir / BEST_NAME).is_file()):
-        raise UserError(f"{run_dir} holds a trained run; continue it with --resume, or start over in another "
-                        f"--out-dir (or after deleting {run_dir})")
-    if not cfg.init_from:  # pretrained weights bring an architecture known only once loaded
-        arch = {k: v for k, v in (ckpt or {}).get("model_config", {}).items() if k in ARCH_FIELDS}
-        check_fits(replace(cfg, **arch), manifest["vocab_size"], rt)  # building allocates the masks
-    model, cfg = build_model(cfg, manifest, ckpt)
-    if cfg.batch_size == 0:  # --batch-size auto: sized from free memory, before the weights move there
-        cfg = auto_batch_size(cfg, model, rt)
-    model.to(rt.device)
-    optimizer = configure_optimizer(model, cfg, fused=rt.choices.fused_adamw, dtype=rt.choices.dtype)
-    grad_accum = cfg.accumulation(rt.world_size)
-    loader = GlobalBatchLoader(ds_dir / "train.bin", cfg.block_size, grad_accum * cfg.batch_size * rt.world_size,
-                               grad_accum, rt.rank, rt.world_size, rt.device, cfg.seed, cfg.sampling)
-    state = RunState()
-    if ckpt is not None:
-        try:
-            optimizer.load_state_dict(ckpt["optimizer"])
-            rt.scaler.load_state_dict(ckpt["scaler"])
-            loader.load_state_dict(ckpt["loader"])
-        except (KeyError, ValueError, TypeError, RuntimeError) as e:
-            raise UserError(f"cannot resume {run_dir}: its optimizer state does not fit this run ({e}); resume with "
-                            f"the --optimizer it was saved with, or use --init-from {run_dir}") from None
-        state = RunState(step=ckpt["step"], best_val=ckpt["best_val"], saved_at=ckpt["step"],
-                         evaluated_at=ckpt["step"], wandb_id=ckpt.get("wandb_id"))  # saves come with evals
-    example = torch.zeros(2, cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
-    train_model = trainable(model, rt, tuple(example))  # compiled (or not) and DDP-wrapped
-    log = RunLog(run_dir, t_start, resume_step=state.step if ckpt is not None else None,
-                 reference=Reference.matching(cfg.to_dict(), rt.world_size)) if master else None
-    state.losses = next(({k: r[k] for k in ("train_loss", "val_loss")} for r in (log.records if log else [])
-                         if r["step"] == state.step and "val_loss" in r), {})  # for finish()'s summary
-    run = Run(cfg, rt, model, train_model, optimizer, loader, manifest, ds_dir, held, grad_accum, log, state)
-    if master:
-        announce(run, resumed=ckpt is not None)
-        if rt.device_type == "cpu":
-            say_if_long(run)
-    if ckpt is not None:  # last, so nothing above (model init, compile) shifts the streams
-        restore_rng_state(ckpt["rng"])
-        if rt.rank:  # only rank 0's streams are saved; keep the ranks' dropout masks distinct
-            torch.manual_seed(int(np.random.SeedSequence([cfg.seed, rt.rank, state.step]).generate_state(1)[0]))
-    return run
-
-
 def announce(run: Run, resumed: bool) -> None:
     """Start wandb, write config.json and manifest.json, print what runs where."""
-    cfg, rt, st = run.cfg, run.rt, run.state
-    if cfg.wandb:  # first: wandb that cannot start leaves no files behind
-        st.wandb_id = run.log.start_wandb(cfg.wandb_project, cfg.wandb_run_name or cfg.name, cfg.to_dict(),
-                                          st.wandb_id)
-    if not resumed:  # a resume's settings replace the run's with its first checkpoint (save): it may fail before
-        write_json(run.run_dir / "config.json", cfg.to_dict())
-    write_json(run.run_dir / "manifest.json", run.manifest)
-    print(f"config {cfg.name}: {cfg.summary()}")
+    cfg, rt = run.cfg, run.rt
+    if cfg.wandb:  # First, so that a wandb that cannot start leaves no files behind.
+        run.wandb_id = run.log.start_wandb(cfg.wandb_project, cfg.wandb_run_name or cfg.name, run.settings,
+                                           run.wandb_id)
+    if not resumed:  # A resume's settings replace the run's at its first save, since it may fail before.
+        write_json(run.run_dir / "config.json", run.settings)
+    write_json(run.run_dir / "manifest.json", run.data.manifest)
+    settings = " ".join(f"{k}={v}" for k, v in run.settings.items())
+    print(f"config {cfg.name}: {textwrap.fill(settings, 100, subsequent_indent='  ')}")
     print(f"{run.model.num_params() / 1e6:.2f}M params | {run.tokens_per_step} tokens/step = "
           f"{run.grad_accum} accum x {rt.world_size} proc x {cfg.batch_size} x {cfg.block_size} | "
-          f"{cfg.dataset}: {run.manifest['train_tokens']:,} train tokens"
-          + (f" | resuming at step {st.step}" if resumed else "")
-          + ("" if rt.attention else f" | {attention_kernel(cfg, rt)}"))  # setup() left it to the weights
+          f"{cfg.dataset}: {run.data.manifest['train_tokens']:,} train tokens"
+          + (f" | resuming at step {run.step}" if resumed else "")
+          + ("" if rt.attention else f" | {attention_kernel(run.model.config, rt)}"))  # setup() left it to the weights.
 
 
 def say_if_long(run: Run) -> None:
-    """Before a CPU run that would take over an hour, say so, with its time here and what to run instead
-    (shakespeare_gpu on a CPU would take a day). One forward and backward pass of a micro-batch is timed,
-    in eval mode (dropout draws no random numbers) and its gradients dropped: the run is the same as without it."""
+    """Before a CPU run that would take over an hour, say so and what to run instead. The timed micro-batch runs
+    in eval mode (no random draws) and its gradients are dropped, so the run is the same as without it."""
     cfg, rt = run.cfg, run.rt
     x = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
     run.model.eval()
     t0 = time.perf_counter()
     with rt.autocast():
         run.model(x, x)[1].backward()
-    step = run.grad_accum * (time.perf_counter() - t0)  # evals left out: "about" needs no more
+    step = run.grad_accum * (time.perf_counter() - t0)  # Evals are left out; "about" needs no more.
     run.model.train().zero_grad(set_to_none=True)
-    seconds = min(step * (cfg.max_iters - run.state.step), cfg.max_time or math.inf)
-    if seconds > 3600:  # an hour: a run a user should choose knowingly
+    seconds = min(step * (cfg.max_iters - run.step), cfg.max_time or math.inf)
+    if seconds > 3600:  # A run over an hour is one a user should choose knowingly.
         print(f"note: this run would take about {seconds / 3600:.0f} h on this CPU ({step:.1f} s a step); {cfg.name} "
               "is sized for a GPU (train.py --plan shows its time there); on a CPU use --config small, or set "
               "--max-time", file=sys.stderr)
 
 
 class TrainingDiverged(UserError):
-    """The loss or the weights became nan/inf; carries the user-facing advice."""
+    """The loss or the weights became nan/inf: the message names the last good checkpoint and what to try."""
 
-
-def diverged(run: Run, what: str) -> TrainingDiverged:
-    st, path = run.state, run.run_dir / CKPT_NAME
-    kept = f"the last good checkpoint is {path} (step {st.saved_at})" if st.saved_at else "this run saved no checkpoint"
-    return TrainingDiverged(f"{what}; stopped without saving, {kept}; try a lower --lr, --grad-clip 1.0 or "
-                            "--dtype float32")
+    def __init__(self, run: Run, what: str) -> None:
+        kept = f"the last good checkpoint is {run.run_dir / CKPT_NAME} (step {run.saved_at})" if run.saved_at \
+            else "this run saved no checkpoint"
+        super().__init__(f"{what}; stopped without saving, {kept}; try a lower --lr, --grad-clip 1.0 or "
+                         "--dtype float32")
 
 
 def save(run: Run) -> None:
-    """Write ckpt.pt, never from weights that blew up (a stop can land right after such an update, which
-    leaves them finite but huge): they would replace the last good checkpoint."""
-    st = run.state
-    # this step's eval found its loss finite (record_eval saves after it); a save before one must look
-    loss = st.losses["val_loss"] if st.evaluated_at == st.step and st.losses else probe_loss(run)
+    """Write ckpt.pt, never from weights that blew up: a stop right after such an update leaves them finite but
+    huge, and they would replace the last good checkpoint."""
+    loss = run.losses["val_loss"] if run.losses else probe_loss(run)
     if not (math.isfinite(loss) and torch.stack([p.isfinite().all() for p in run.model.parameters()]).all()):
-        raise diverged(run, f"the weights diverged at step {st.step} (loss {loss} on a val batch)")
+        raise TrainingDiverged(run, f"the weights diverged at step {run.step} (loss {loss} on a val batch)")
     save_checkpoint(run.run_dir, {
         "model": run.model.state_dict(), "model_config": asdict(run.model.config),
-        "train_config": run.cfg.to_dict(), "optimizer": run.optimizer.state_dict(),
-        "scaler": run.rt.scaler.state_dict(), "step": st.step, "loader": run.loader.state_dict(),
-        "rng": capture_rng_state(), "best_val": st.best_val, "wandb_id": st.wandb_id,
-        "manifest": run.manifest})
-    write_json(run.run_dir / "config.json", run.cfg.to_dict())  # what --resume reads: the settings of this ckpt.pt
-    st.saved_at = st.step
+        "train_config": run.settings, "optimizer": run.optimizer.state_dict(),
+        "scaler": run.rt.scaler.state_dict(), "step": run.step, "loader": run.loader.state_dict(),
+        "rng": capture_rng_state(), "best_val": run.best_val, "wandb_id": run.wandb_id,
+        "manifest": run.data.manifest})
+    write_json(run.run_dir / "config.json", run.settings)  # --resume reads the settings of this ckpt.pt.
+    run.saved_at = run.step
 
 
 LOCK_NAME = ".lock"
-RUN_FILES = (CKPT_NAME, BEST_NAME, "config.json", "manifest.json", "metrics.jsonl", "loss.png")  # and "wandb"
-
-
-def _remove_if_unused(created: list[Path]) -> None:
-    """A run that failed before writing anything leaves nothing: lock_run_dir's lock file and folders go."""
-    with contextlib.suppress(OSError):  # a folder that is not empty holds something else; no cleanup hides the error
-        if created and os.listdir(created[0].parent) == [LOCK_NAME]:
-            for path in created:  # the lock file, then folders, innermost first
-                path.rmdir() if path.is_dir() else path.unlink()
+RUN_FILES = (CKPT_NAME, BEST_NAME, "config.json", "manifest.json", "metrics.jsonl", "loss.png")  # And "wandb/".
 
 
 def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitStack:
-    """Create run_dir and lock it for this process: a second run on it fails at once instead of
-    mixing its files with ours. Keep the returned lock open for the run; closing it releases the
-    lock, and so does the process ending in any way (flock locks die with their process, so a
-    kill -9 leaves no stale lock). Temp files left by killed saves are removed here; a `with` block
-    that fails before the run wrote anything removes what this call created. A fresh run refuses a
-    folder holding files no run wrote (hidden ones aside): it would overwrite someone's config.json or model.
-    A run's folder is known by its lock file, which every run creates before it writes anything else."""
+    """Create run_dir and lock it while the returned stack is open, so a second run on it fails at once; flock
+    locks die with their process (no stale lock after kill -9). A failing `with` block removes what it created."""
     import fcntl
 
     run_dir = Path(run_dir)
-    try:
-        if is_dataset(run_dir):  # its next rebuild would replace the run
-            raise UserError(f"--out-dir {run_dir} holds a prepared dataset; pick another --out-dir")
-        created = [p for p in (run_dir / LOCK_NAME, run_dir, *run_dir.parents) if not p.exists()]
-        run_dir.mkdir(parents=True, exist_ok=True)
-        held = sorted(os.listdir(run_dir))
-        links = [name for name in held if (run_dir / name).is_symlink()]
-        ours = LOCK_NAME in held  # every run makes it before it writes anything, so run files without it are not ours
-        foreign = [name for name in held if fresh and not (ours and name in (*RUN_FILES, "wandb")) and name[0] != "."
-                   and not name.endswith(".log")]  # `| tee out/x/train.log` creates its file first
-        lock = None if links or foreign else open(run_dir / LOCK_NAME, "a+")
-    except OSError as e:
-        what = "is a file, not a directory" if os.path.isfile(run_dir) else f"cannot be written ({e.strerror}: {e.filename})"
-        raise UserError(f"--out-dir {run_dir} {what}; pick another --out-dir") from None
-    if links:  # writing through them would change files outside the run dir
-        raise UserError(f"{run_dir} holds symbolic links ({', '.join(links)}); a run writes only inside its out "
-                        "dir: remove them or pick another --out-dir")
-    if foreign:
-        foreign.sort(key=lambda name: name in RUN_FILES)  # the telling names first
-        raise UserError(f"--out-dir {run_dir} holds files no run of this project wrote ({', '.join(foreign[:3])}"
-                        f"{', ...' * (len(foreign) > 3)}); pick another --out-dir")
+    created, lock = _usable_out_dir(run_dir, fresh)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -416,13 +387,44 @@ def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitSta
     lock.truncate(0)
     lock.write(f"{os.getpid()}\n")
     lock.flush()
-    # Every writer of this directory holds the lock, so these temp files' writers are dead.
-    stale = [p for name in RUN_FILES for p in run_dir.glob(f".{name}.*.tmp") if p.is_file()]  # atomic_write's
+    # Every writer holds the lock, so the temp files of atomic writes found now are from dead processes.
+    stale = [p for name in RUN_FILES for p in run_dir.glob(f".{name}.*.tmp") if p.is_file()]
     for p in stale:
         p.unlink(missing_ok=True)
     if stale:
         print(f"note: removed {len(stale)} temp file(s) of interrupted saves from {run_dir}")
+
+    def remove_if_unused(failed: type | None, *_: Any) -> None:  # A run that failed before writing leaves nothing.
+        with contextlib.suppress(OSError):  # A folder that is not empty holds something else.
+            if failed is not None and created and os.listdir(created[0].parent) == [LOCK_NAME]:
+                for path in created:  # The lock file, then the folders, innermost first.
+                    path.rmdir() if path.is_dir() else path.unlink()
+
     held = contextlib.ExitStack()
     held.enter_context(lock)
-    held.push(lambda failed, *_: failed is not None and _remove_if_unused(created))  # falsy: the error goes on
+    held.push(remove_if_unused)  # It returns None, so the error goes on.
     return held
+
+
+def _usable_out_dir(run_dir: Path, fresh: bool) -> tuple[list[Path], Any]:
+    """Create run_dir and open its lock file; returns what was created, and the lock file. A fresh run refuses a
+    folder with files no run wrote (a run's folder has its lock file): it would overwrite someone's files."""
+    try:
+        if is_dataset(run_dir):  # Its next rebuild would replace the run.
+            raise UserError(f"--out-dir {run_dir} holds a prepared dataset; pick another --out-dir")
+        created = [p for p in (run_dir / LOCK_NAME, run_dir, *run_dir.parents) if not p.exists()]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        held = sorted(os.listdir(run_dir))
+        if links := [name for name in held if (run_dir / name).is_symlink()]:  # They would write outside it.
+            raise UserError(f"{run_dir} holds symbolic links ({', '.join(links)}); a run writes only inside its out "
+                            "dir: remove them or pick another --out-dir")
+        ours = LOCK_NAME in held
+        if foreign := [name for name in held if fresh and not (ours and name in (*RUN_FILES, "wandb"))
+                       and name[0] != "." and not name.endswith(".log")]:  # `| tee out/x/train.log` comes first.
+            foreign.sort(key=lambda name: name in RUN_FILES)  # The telling names first.
+            raise UserError(f"--out-dir {run_dir} holds files no run of this project wrote ({', '.join(foreign[:3])}"
+                            f"{', ...' * (len(foreign) > 3)}); pick another --out-dir")
+        return created, open(run_dir / LOCK_NAME, "a+")
+    except OSError as e:
+        what = "is a file, not a directory" if os.path.isfile(run_dir) else f"cannot be written ({e.strerror}: {e.filename})"
+        raise UserError(f"--out-dir {run_dir} {what}; pick another --out-dir") from None

@@ -11,8 +11,6 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from configs.errors import UserError, first_line
 from data.files import atomic_write, write_errors
 
@@ -20,31 +18,22 @@ if TYPE_CHECKING:
     from training.reference import Reference
 
 
-def _wandb_has_key(wandb: Any) -> bool:
-    try:
-        return bool(os.environ.get("WANDB_API_KEY") or wandb.login(prompt=False, verify=False))
-    except Exception:  # older wandb without prompt=, or a broken settings file: treat as no key
-        return False
-
-
 def _reason(e: Exception) -> str:
-    """wandb's error in a line: a settings error (pydantic's, for a misspelt WANDB_MODE) holds it in errors(),
+    """wandb's error in a line. A settings error (pydantic's, for a misspelt WANDB_MODE) holds it in errors(),
     whose text only counts them; any other error's first line says it."""
     try:
         return "; ".join(f"{d['loc'][0]}={d['input']!r}: {d['msg']}" for d in e.errors()) or first_line(e)
-    except Exception:  # no errors(), or not pydantic's shape: this is only the message of another failure
+    except Exception:  # no errors(), or not pydantic's shape: this message must not fail itself
         return first_line(e)
 
 
 class RunLog:
-    """One run's metrics.jsonl, loss.png and wandb run. On resume, lines past the checkpoint's step
-    are dropped (the run redoes those steps) and wandb gets exactly the steps it lacks; with a
-    matching reference, records carry its mean (ref_val_loss, ...) and loss.png draws its band."""
+    """One run's metrics.jsonl, loss.png and wandb run. On resume, lines past the checkpoint's step are dropped,
+    since the run redoes those steps, and wandb gets exactly the steps it lacks. `started` is a time.time()."""
 
     def __init__(self, out_dir: Path, started: float, resume_step: int | None = None,
                  reference: Reference | None = None) -> None:
-        self.out_dir, self.started = Path(out_dir), started  # started: time.time() at the run's start
-        self.reference = reference
+        self.out_dir, self.started, self.reference = Path(out_dir), started, reference
         self.path = self.out_dir / "metrics.jsonl"
         self.records: list[dict[str, Any]] = []
         if resume_step is not None and self.path.exists():
@@ -53,22 +42,23 @@ class RunLog:
                     rec = json.loads(line)
                     if rec.get("step", 0) <= resume_step:
                         self.records.append(rec)
-        if self.records or self.path.exists():  # a new folder stays empty until a record comes
+        if self.records or self.path.exists():  # a new folder stays empty until the first record
             with write_errors(self.path), open(self.path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in self.records)
         self.wandb: Any = None
-        self.wandb_from = 0  # the first step the wandb run lacks
-        self.plotted_at, self.plot_cost = 0.0, 0.5
+        self.wandb_from, self.plotted_at, self.plot_cost = 0, 0.0, 0.5  # wandb_from: the first step wandb lacks
         self.samples: list[list[Any]] = []
 
     def start_wandb(self, project: str, name: str, config: dict[str, Any], run_id: str | None) -> str:
-        """Start (or continue, given run_id) a wandb run in out_dir/wandb (or $WANDB_DIR); returns its id."""
+        """Start a wandb run, or continue run_id, in out_dir/wandb (or $WANDB_DIR), and return its id."""
         try:
             import wandb
         except ImportError:
             raise UserError("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
-        # None: wandb's own choice (WANDB_MODE, its settings, else online); offline needs no account
-        mode = None if "WANDB_MODE" in os.environ or _wandb_has_key(wandb) else "offline"
+        # None leaves it to wandb (WANDB_MODE, its settings, else online); offline needs no account
+        mode = None if "WANDB_MODE" in os.environ or os.environ.get("WANDB_API_KEY") else "offline"
+        with contextlib.suppress(Exception):  # an older wandb without prompt=, or a broken settings file, means no key
+            mode = mode and (None if wandb.login(prompt=False, verify=False) else mode)
         try:  # before the run writes a file or trains a step: a run the user asked to track is tracked or not started
             self.wandb = wandb.init(project=project or os.environ.get("WANDB_PROJECT") or "gpt", name=name,
                                     config=config, dir=None if os.environ.get("WANDB_DIR") else str(self.out_dir),
@@ -76,7 +66,7 @@ class RunLog:
         except Exception as e:  # no key, a bad WANDB_MODE, no network, a folder it cannot write, ...
             raise UserError(f"--wandb: wandb did not start ({_reason(e)}); fix that, or run with WANDB_MODE=offline "
                             "(no account needed) or without --wandb") from None
-        # after a kill -9 only wandb knows what it holds: steps below starting_step (0 offline: docs/training.md)
+        # after a kill -9 only wandb knows what it holds: the steps below starting_step (0 offline: docs/training.md)
         self.wandb_from = self.wandb.starting_step
         for record in self.records:
             self._send(record)
@@ -86,8 +76,6 @@ class RunLog:
         return self.wandb.id
 
     def log(self, record: dict[str, Any]) -> None:
-        if self.reference is not None:
-            record = record | self.reference.means(record)
         self.records.append(record)
         with write_errors(self.path), open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -97,7 +85,7 @@ class RunLog:
         if self.wandb is not None and record["step"] >= self.wandb_from:  # wandb drops a lower step anyway
             with self._wandb_may_fail():
                 self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None}, step=record["step"])
-                if "val_loss" in record:  # the summary keeps each key's last value, and this: the runs table shows both
+                if "val_loss" in record:  # the summary keeps each key's last value, and this too
                     self.wandb.summary["best_val_loss"] = min(r["val_loss"] for r in self.records if "val_loss" in r)
 
     def log_sample(self, step: int, text: str) -> None:
@@ -110,8 +98,7 @@ class RunLog:
 
     @contextlib.contextmanager
     def _wandb_may_fail(self) -> Iterator[None]:
-        """wandb failing mid-run (its staging folder unwritable, its service gone) is a note, and the run
-        goes on without it: metrics.jsonl holds every record, and hours of training outweigh a dashboard."""
+        """wandb failing mid-run is a note, and the run goes on without it, since metrics.jsonl holds every record."""
         try:
             yield
         except Exception as e:
@@ -120,20 +107,19 @@ class RunLog:
             self.wandb = None
 
     def plot(self, force: bool = True) -> None:
-        """Train and val loss against step in loss.png (a note without matplotlib).
-        force=False redraws at most every 30 s: a redraw is not free on a small CPU."""
+        """Train and val loss against step in loss.png. force=False redraws at most every 30 s: not free on a CPU."""
         if not force and time.time() - self.plotted_at < 30:
             return
         self.plotted_at = time.time()
         failing = sys.exc_info()[1] is not None  # called from a `finally` while an error is on its way out
         try:
             self._plot()
-        except Exception as e:  # a full disk, a bad MPLBACKEND, a name its fonts cannot show: not worth a run
+        except Exception as e:  # a full disk, a bad MPLBACKEND or a name its fonts cannot show is not worth a run
             if not failing:
                 print(f"note: {e}" if isinstance(e, UserError) else "note: loss.png not drawn: matplotlib failed "
                       f"({first_line(e, 100)}); check its settings (MPLBACKEND, matplotlibrc)", file=sys.stderr)
         finally:
-            self.plot_cost = time.time() - self.plotted_at  # for max_time's reserve
+            self.plot_cost = time.time() - self.plotted_at  # for --max-time's reserve
 
     def _plot(self) -> None:
         try:
@@ -145,17 +131,19 @@ class RunLog:
             print("note: matplotlib is not installed, skipping loss.png (pip install matplotlib)")
             return
 
-        if self.reference is None:
-            fig, ax = plt.subplots(figsize=(7, 4.5))
-        else:  # below the curves, val minus the reference's mean: the band is too thin to see up there
-            fig, (ax, gap) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, height_ratios=(3, 1.3))
-            self._plot_reference(ax, gap)
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        if (ref := self.reference) is not None:  # drawn first, so the legend lists the bands before the curves
+            band, seeds = ref.data["band"], len(ref.data["seeds"])
+            for key, color, what in (("train_loss", "tab:blue", "train"), ("val_loss", "tab:orange", "val")):
+                ax.fill_between(band["step"], band[key]["min"], band[key]["max"], color=color, alpha=0.18, lw=0,
+                                label=f"reference {what}: min-max of {seeds} seeds")
         ax.plot(*self._series("loss"), color="tab:blue", alpha=0.35, lw=1, label="train (running)")
         ax.plot(*self._series("train_loss"), "o-", color="tab:blue", ms=3, label="train (eval)")
         ax.plot(*self._series("val_loss"), "o-", color="tab:orange", ms=3, label="val")
-        ax.set(xlabel="" if self.reference else "step", ylabel="loss", title=self.out_dir.name)
+        ax.set(xlabel="step", ylabel="loss", title=self.out_dir.name)
         ax.grid(alpha=0.3)
-        ax.legend(title=self.reference and f"config matches the {self.reference.label}", title_fontsize="small")
+        ax.legend(title=ref and "config matches the {name} reference ({dtype} on {device}, {date})".format(**ref.data),
+                  title_fontsize="small")
         fig.tight_layout()
         try:
             atomic_write(self.out_dir / "loss.png", lambda f: fig.savefig(f, format="png", dpi=110))
@@ -163,34 +151,11 @@ class RunLog:
             plt.close(fig)
 
     def _series(self, key: str) -> tuple[list[int], list[float]]:
-        pts = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]
-        return [p[0] for p in pts], [p[1] for p in pts]
-
-    def _plot_reference(self, ax: Any, gap: Any) -> None:
-        """The reference's min-max bands under the run's curves (ax); in gap, the run's val loss,
-        the band and the out-of-band thresholds, each minus the reference's val mean."""
-        ref = self.reference
-        for key, color, what in (("loss", "tab:blue", "train"), ("val_loss", "tab:orange", "val")):
-            s = ref.series(key)
-            ax.fill_between(s["step"], s["min"], s["max"], color=color, alpha=0.18, lw=0,
-                            label=f"reference {what}: min-max of {len(ref.data['seeds'])} seeds")
-        val = {k: np.array(v) for k, v in ref.series("val_loss").items()}
-        steps, mean = val["step"], val["mean"]
-        ax.plot(steps, mean, "--", color="tab:orange", lw=0.8, alpha=0.7, label="reference val: mean")
-        margin = np.array([ref.margin("val_loss", step) for step in steps])
-        gap.fill_between(steps, val["min"] - mean, val["max"] - mean, color="tab:orange", alpha=0.18, lw=0)
-        gap.plot(steps, val["min"] - margin - mean, ":", color="gray", lw=1)
-        gap.plot(steps, val["max"] + margin - mean, ":", color="gray", lw=1, label="band +- margin: a note beyond")
-        run = [(step, v - band[1]) for step, v in zip(*self._series("val_loss"))
-               if (band := ref.band("val_loss", step)) is not None]
-        gap.plot([p[0] for p in run], [p[1] for p in run], "o-", color="tab:orange", ms=3)
-        gap.axhline(0, color="tab:orange", lw=0.8, ls="--", alpha=0.7)
-        gap.set(xlabel="step", ylabel="val - ref. mean")
-        gap.grid(alpha=0.3)
-        gap.legend(fontsize="small")
+        rows = [r for r in self.records if r.get(key) is not None]
+        return [r["step"] for r in rows], [r[key] for r in rows]
 
     def close(self, exit_code: int = 0) -> None:
-        """exit_code != 0 marks the wandb run as failed (a crash, a divergence, an interruption)."""
+        """Finish the wandb run, as failed if exit_code != 0."""
         if self.wandb is not None:
             with self._wandb_may_fail():
                 self.wandb.finish(exit_code=exit_code)

@@ -1,14 +1,7 @@
 """What a run runs on: device, precision, CPU threads, compilation, seeds and the DDP process group.
 
-    rt = setup(cfg)                     # or setup(device="auto", dtype="auto") from sample.py
-    print(rt.describe())                # cuda:0 NVIDIA T4 (capability 7.5), float16 + loss scaling, ...
-    with rt.autocast():
-        logits, loss = model(x, y)
-    rt.scaler.scale(loss).backward()    # a no-op scaler unless dtype is float16
-
-probe() reads the machine into a Machine; choose(), a pure function of it and the options,
-decides by TABLE, so tests can fake any machine. Weights stay float32; autocast lowers the matmuls.
-A CPU run's CpuThreads follows the cores other processes leave idle: rt.threads.update() each step.
+probe() reads the machine into a Machine, and choose() decides from it alone by TABLE, so tests can fake any
+machine. Weights stay float32: rt.autocast() lowers the matmuls, and rt.scaler scales the loss under float16.
 """
 
 from __future__ import annotations
@@ -18,7 +11,6 @@ import datetime
 import importlib.util
 import os
 import random
-import re
 import sys
 import time
 import traceback
@@ -31,53 +23,39 @@ import torch
 
 from configs.errors import UserError, first_line
 
-# Dense bf16 tensor-core peak FLOP/s (vendors' datasheets; MFU is against it even in float32) and
-# memory in GB as sold (the common variant; --plan --gpu a100-40gb picks another), by substring of
-# the device name. CPU, MPS and unknown GPUs get no MFU: a guess would mislead.
-GPUS = {
-    "H200": (989e12, 141), "H100": (989e12, 80), "GH200": (989e12, 96), "A100": (312e12, 80), "A800": (312e12, 80),
-    "L40S": (362e12, 48), "L40": (181e12, 48), "A6000": (155e12, 48), "A10": (125e12, 24), "L4": (121e12, 24),
-    "RTX 4090": (165e12, 24), "RTX 3090": (71e12, 24), "V100": (125e12, 32), "T4": (65e12, 16),
-}
-PEAK_FLOPS = {name: flops for name, (flops, _) in GPUS.items()}
-GPU_MEMORY_GB = {name: gb for name, (_, gb) in GPUS.items()}
-
-
-def peak_flops(device_name: str) -> float | None:
-    """Peak FLOP/s for a CUDA device name, or None when unknown (longest match wins: L40S vs L4)."""
-    hits = [k for k in PEAK_FLOPS if k in device_name]
-    return PEAK_FLOPS[max(hits, key=len)] if hits else None
+# Dense bf16 peak FLOP/s from datasheets (MFU is against it even in float32) and GB as sold, by a substring of
+# the device name. CPU, MPS and unknown GPUs get no MFU, because a guess would mislead.
+GPUS = {"H200": (989e12, 141), "H100": (989e12, 80), "GH200": (989e12, 96), "A100": (312e12, 80),
+        "A800": (312e12, 80), "L40S": (362e12, 48), "L40": (181e12, 48), "A6000": (155e12, 48), "A10": (125e12, 24),
+        "L4": (121e12, 24), "RTX 4090": (165e12, 24), "RTX 3090": (71e12, 24), "V100": (125e12, 32), "T4": (65e12, 16)}
+PEAK_FLOPS, GPU_MEMORY_GB = ({name: spec[i] for name, spec in GPUS.items()} for i in (0, 1))
 
 
 @dataclass(frozen=True)
 class Machine:
     """What the machine reports about itself: everything choose() reads."""
-    gpu: str = ""  # CUDA device name; "" = no CUDA GPU
+    gpu: str = ""  # the CUDA device's name, "" without a CUDA GPU
     capability: tuple[int, int] = (0, 0)  # CUDA compute capability
-    gpu_bf16: bool = False  # native bfloat16 (capability 8.0+); older GPUs only emulate it, slowly
-    triton: bool = False  # the package torch.compile generates GPU kernels with
+    gpu_bf16: bool = False  # native bfloat16 (capability 8.0+), which older GPUs only emulate, slowly
+    triton: bool = False  # what torch.compile generates GPU kernels with
     mps: bool = False  # Apple-silicon GPU
-    cpu_bf16: bool = False  # AVX512-BF16 or AMX: bf16 matmuls in hardware
+    cpu_bf16: bool = False  # AVX512-BF16 or AMX do bf16 matmuls in hardware
 
 
 def probe(local_rank: int = 0) -> Machine:
     """Ask torch what this machine has (CUDA device `local_rank`, when there is CUDA)."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private: absent on some builds
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private, and absent on some builds
     cpu_bf16 = any(getattr(torch.cpu, name, lambda: False)() for name in checks)
-    # GPT_CPU_BF16=0 or 1 stands in for the answer, so one machine can test both CPU rows (.ci/run does).
     if (forced := os.environ.get("GPT_CPU_BF16")) is not None:
         if forced not in ("0", "1"):
             raise UserError(f"GPT_CPU_BF16={forced!r}: use 0 (as if the CPU had no bf16 instructions), 1, or unset it")
-        cpu_bf16 = forced == "1"
+        cpu_bf16 = forced == "1"  # so that one machine can test both CPU rows, as .ci/run does
     common = dict(mps=torch.backends.mps.is_available(), cpu_bf16=cpu_bf16)
     if not torch.cuda.is_available():
         return Machine(**common)
-    # A --device cpu job may start more processes than there are GPUs: describe the first one then.
-    index = local_rank if local_rank < torch.cuda.device_count() else 0
+    index = local_rank if local_rank < torch.cuda.device_count() else 0  # a --device cpu job may outnumber GPUs
     cap = torch.cuda.get_device_capability(index)
-    # What torch.cuda.is_bf16_supported(including_emulation=False) checks, without making the
-    # device current (a CUDA context costs memory even on a --device cpu run).
-    bf16 = torch.version.hip is not None or cap >= (8, 0)
+    bf16 = torch.version.hip is not None or cap >= (8, 0)  # torch's native-bf16 check, without a CUDA context
     return Machine(gpu=torch.cuda.get_device_name(index), capability=cap, gpu_bf16=bf16,
                    triton=importlib.util.find_spec("triton") is not None, **common)
 
@@ -108,49 +86,36 @@ class Choices:
     loss_scaling = property(lambda self: self.dtype == torch.float16)  # small fp16 gradients underflow without it
 
 
-def _pick_device(device: str, m: Machine, local_rank: int) -> str:
-    if device == "auto":
-        device = "cuda" if m.gpu else "mps" if m.mps else "cpu"
+def choose(m: Machine, device: str = "auto", dtype: str = "auto", compile: bool = False, training: bool = True,
+           local_rank: int = 0) -> Choices:
+    """Device, precision, optimizer kernels and compilation for machine `m` and the options."""
+    device = ("cuda" if m.gpu else "mps" if m.mps else "cpu") if device == "auto" else device
     if device not in ("cpu", "cuda", "mps"):
         raise UserError(f"unknown device {device!r}; choose auto, cpu, cuda or mps")
     if (device == "cuda" and not m.gpu) or (device == "mps" and not m.mps):
         missing = "torch sees no CUDA GPU" if device == "cuda" else "MPS is not available"
         raise UserError(f"--device {device} but {missing}; use --device auto or --device cpu")
-    return f"cuda:{local_rank}" if device == "cuda" else device
-
-
-def _pick_dtype(dtype: str, row: str, training: bool = True) -> torch.dtype:
-    if dtype == "auto":
-        # decoding on a bf16 CPU stays float32: one-row bf16 matmuls were no faster (docs/devices.md)
-        return torch.float32 if row == "cpu bf16" and not training else TABLE[row][0]
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype not in table:
-        raise UserError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
-    if dtype == "bfloat16" and row.startswith("cuda") and row != "cuda bf16":
-        raise UserError("this GPU has no native bfloat16 (capability < 8.0); use --dtype float16 (or auto)")
-    return table[dtype]
-
-
-def choose(m: Machine, device: str = "auto", dtype: str = "auto", compile: bool = False, training: bool = True,
-           local_rank: int = 0) -> Choices:
-    """Device, precision, optimizer kernels and compilation for machine `m` and the options."""
-    dev = _pick_device(device, m, local_rank)
-    if dev.startswith("cuda"):
+    gpu, cap = device == "cuda", "{}.{}".format(*m.capability)
+    row = "cpu bf16" if device == "cpu" and m.cpu_bf16 else device
+    if gpu:
         row = "cuda bf16" if m.gpu_bf16 else "cuda fp16" if m.capability >= (7, 0) else "cuda old"
-    else:
-        row = "cpu bf16" if dev == "cpu" and m.cpu_bf16 else dev
-    _, fused, why = TABLE[row]
-    cap, gpu = "{}.{}".format(*m.capability), row.startswith("cuda")
+    auto, fused, why = TABLE[row]
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise UserError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
+    if dtype == "bfloat16" and gpu and row != "cuda bf16":
+        raise UserError("this GPU has no native bfloat16 (capability < 8.0); use --dtype float16 (or auto)")
+    # decoding on a bf16 CPU stays float32: one-row bf16 matmuls were no faster (docs/devices.md)
+    chosen = getattr(torch, dtype) if dtype != "auto" else torch.float32 if row == "cpu bf16" and not training else auto
     if gpu and not why and not m.triton:
         why = "Triton is not installed (pip install triton; triton-windows on Windows)"
     why = why.format(cap=cap) if compile else ""
     name = f"{m.gpu} (capability {cap})" if gpu else "with bf16 instructions" if row == "cpu bf16" else ""
-    return Choices(dev, _pick_dtype(dtype, row, training), fused, compile and not why, name, why)
+    return Choices(f"cuda:{local_rank}" if gpu else device, chosen, fused, compile and not why, name, why)
 
 
 @dataclass
-class Runtime:
-    """A run's device, precision and process group: what setup() returns."""
+class Runtime(contextlib.AbstractContextManager):
+    """A run's device, precision and process group, as setup() returns them. Its with-block ends the group."""
 
     choices: Choices
     scaler: torch.amp.GradScaler
@@ -173,8 +138,7 @@ class Runtime:
 
     @contextlib.contextmanager
     def together(self) -> Iterator[None]:
-        """Under DDP every rank leaves the block at once: on a UserError in any, the first failing rank
-        prints it, the others nothing, then all exit 2 (else a peer's lost connection buries the line)."""
+        """Under DDP, a UserError in any rank exits all of them with one line from the first, not lost in peers'."""
         error = None
         try:
             yield
@@ -185,32 +149,28 @@ class Runtime:
         failed = [error is not None] * self.world_size
         if self.ddp:
             torch.distributed.all_gather_object(failed, error is not None)
-        if any(failed):  # only under DDP: a single process raised it above
+        if any(failed):  # only under DDP, since a single process raised it above
             if failed.index(True) == self.rank:
                 print(f"error: {error}", file=sys.stderr, flush=True)
-            torch.distributed.barrier()  # no rank exits before the line is out: torchrun then stops the rest
+            torch.distributed.barrier()  # no rank exits before the line is out; torchrun then stops the rest
             raise SystemExit(2)
 
     @contextlib.contextmanager
     def peer_failures(self) -> Iterator[None]:
-        """Under DDP, a collective that timed out (a hung or stopped process: --ddp-timeout) or lost
-        its peer (a dead one) becomes one line instead of a traceback per process."""
+        """Under DDP, a collective that timed out (--ddp-timeout) or lost its peer is one line, not tracebacks."""
         try:
             yield
-        except RuntimeError as e:
-            # NCCL raises DistError; gloo a plain RuntimeError whose message names its source file
+        except RuntimeError as e:  # gloo's is a plain RuntimeError whose text names its source file, ".../gloo/..."
             if not self.ddp or not (isinstance(e, torch.distributed.DistError) or "gloo" in str(e)):
                 raise
             traceback.clear_frames(e.__traceback__)  # they hold the DDP wrapper, which close() needs gone
-            reason = re.sub(r"^\[[^\]]*\] ", "", first_line(e)).split(". ")[0]
-            cause = ("another process hung or was stopped, or took longer than --ddp-timeout"
-                     if "timed out" in reason.lower() else "another process died (see its output)")
-            raise UserError(f"process {self.rank} of {self.world_size}: {reason}; {cause}; restart the job, with "
+            reason = first_line(e).split(". ")[0]  # torch's first sentence: "... Timed out", "... Connection reset"
+            raise UserError(f"process {self.rank} of {self.world_size}: {reason}; another process died (see its "
+                            "output), hung or was stopped, or took longer than --ddp-timeout; restart the job, with "
                             "--resume if it saved a checkpoint") from None
 
-    def close(self) -> None:
-        """Destroy the process group once the DDP wrapper is gone, so gloo joins its threads now: left
-        running into interpreter exit, one can abort a finished job."""
+    def __exit__(self, *exc: Any) -> None:
+        """Destroy the process group now: gloo's threads left running into interpreter exit can abort a job."""
         if self.ddp and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
@@ -226,34 +186,15 @@ class Runtime:
 
 
 def attention_kernel(cfg: Any, rt: Runtime) -> str:
-    """The attention kernel of the training step, as torch's own dispatcher picks it for these
-    shapes (it weighs capability, dtype, head size and dropout; on sm90 it may prefer cuDNN)."""
+    """The training step's attention kernel as torch's dispatcher picks it for these shapes, dtype and dropout."""
     if cfg.attention == "explicit" or rt.device_type == "mps":  # MPS has one SDPA kernel
         return "explicit attention" if cfg.attention == "explicit" else "SDPA"
-    # a private query: where a build lacks it, or the memory for q (check_fits then refuses the run), no kernel named
-    try:
-        q = torch.zeros(1, cfg.n_head, 8, cfg.n_embd // cfg.n_head, device=rt.device, dtype=rt.dtype,
-                        requires_grad=True)
+    try:  # a private query: a build without it, or no memory for q, names no kernel
+        q = torch.zeros(1, cfg.n_head, 8, cfg.n_embd // cfg.n_head, device=rt.device, dtype=rt.dtype).requires_grad_()
         choice = torch._fused_sdp_choice(q, q, q, is_causal=True, dropout_p=cfg.dropout)
     except (AttributeError, RuntimeError, NotImplementedError):
         return "SDPA"
     return f"SDPA {torch.nn.attention.SDPBackend(choice).name.lower().removesuffix('_attention')}"
-
-
-def _join_process_group(device: str, timeout_s: float) -> None:
-    """torchrun started this process: join the others (NCCL on CUDA, gloo on the CPU)."""
-    if device == "mps":
-        raise UserError("DDP does not support MPS; run a single process, or use --device cpu")
-    if torch.distributed.is_initialized():
-        return
-    # Imported before the group exists: its functions default to group=group.WORLD, which,
-    # bound later, would keep the group alive so close() could never join gloo's threads.
-    import torch.distributed.nn as _  # noqa: F401
-
-    gpu = device.startswith("cuda")
-    # a collective that waits longer fails, so a hung or stopped process ends the job, not stalls it
-    torch.distributed.init_process_group("nccl" if gpu else "gloo", device_id=torch.device(device) if gpu else None,
-                                         timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def usable_cpus() -> set[int]:
@@ -262,54 +203,44 @@ def usable_cpus() -> set[int]:
 
 
 def set_threads(threads: int) -> None:
-    """--threads: torch's CPU threads, 0 = its default. More than the cores only thrash; a billion made
-    OpenMP allocate per-thread memory until it died."""
+    """--threads sets torch's CPU threads, 0 leaving its default. More than the cores only thrash or exhaust memory."""
     if threads > (cores := len(usable_cpus())):
-        raise UserError(f"--threads {threads}: this process may use {cores} core{'s' * (cores > 1)}; use at most {cores} "
-                        "(0 = torch's default)")
+        raise UserError(f"--threads {threads}: this process may use {cores} core{'s' * (cores > 1)}; "
+                        f"use at most {cores} (0 = torch's default)")
     if threads:
         torch.set_num_threads(threads)
 
 
 def cpu_times(cpus: set[int]) -> tuple[float, float]:
-    """(the busy seconds of `cpus` since boot from /proc/stat, this process's CPU seconds)."""
-    busy = 0
+    """The busy seconds of `cpus` since boot, from /proc/stat, and this process's CPU seconds."""
     with open("/proc/stat") as f:
-        for line in f:
-            name, *ticks = line.split()
-            if name[3:].isdigit() and name.startswith("cpu") and int(name[3:]) in cpus:
-                user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, ticks[:8])
-                busy += user + nice + system + irq + softirq + steal
+        rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
+    # the columns are user, nice, system, idle, iowait, irq, softirq, steal: all but idle and iowait are busy
+    busy = sum(int(n) for row in rows if int(row[0][3:]) in cpus for n in row[1:4] + row[6:9])
     return busy / os.sysconf("SC_CLK_TCK"), time.process_time()
 
 
 class CpuThreads:
-    """How many threads torch computes with on the CPU: as many as the cores other processes leave idle.
+    """Torch's CPU threads, one per core that other processes leave idle (torch's default off Linux). OpenMP threads
+    spin waiting for each other, so one whose core is taken slows every step, up to 200x (docs/performance.md).
+    --threads N, OMP_NUM_THREADS and --deterministic fix the count, since only a fixed count repeats a run exactly."""
 
-    OpenMP's threads spin while they wait for each other. When another process holds one of their cores,
-    every parallel operation waits for a thread that is not running: a step of `small` took 2x as long
-    beside one busy process, and 200x beside a second run of it (docs/performance.md). So a run starts
-    on one thread, and every LOOK_S seconds counts the CPU time that other processes used on its cores
-    (/proc/stat's busy time less its own) and takes the cores they left idle, up to torch's default.
-    --threads N, OMP_NUM_THREADS and --deterministic fix the count instead: results depend on it in
-    the last bits, so only a fixed count repeats a run bit for bit. Off Linux the count is torch's default."""
-
-    LOOK_S = 0.5  # 50 clock ticks a core: enough to tell a busy core from an idle one
+    LOOK_S = 0.5  # 50 clock ticks a core, enough to tell a busy core from an idle one
 
     def __init__(self, requested: int = 0, fixed: bool = False, read: Any = cpu_times,
                  clock: Any = time.monotonic) -> None:
-        self.most, self.read, self.clock = torch.get_num_threads(), read, clock  # most: torch's default or as asked
+        self.most, self.read, self.clock = torch.get_num_threads(), read, clock  # torch's default, or as asked
         self.cpus = usable_cpus()
         self.fixed = fixed or bool(requested) or "OMP_NUM_THREADS" in os.environ or self.most == 1
         try:
             self.last = None if self.fixed else (clock(), *read(self.cpus))  # (when, busy, own)
-        except OSError:  # no /proc/stat: not Linux
+        except OSError:  # no /proc/stat off Linux
             self.fixed = True
         if not self.fixed:
             torch.set_num_threads(1)
 
     def update(self) -> None:
-        """Called each step: once LOOK_S has passed, one thread per core that stayed more than half idle."""
+        """Called each step. Once LOOK_S has passed, it sets one thread per core that stayed more than half idle."""
         if self.fixed or (now := self.clock()) - self.last[0] < self.LOOK_S:
             return
         busy, own = self.read(self.cpus)
@@ -318,57 +249,62 @@ class CpuThreads:
         torch.set_num_threads(max(1, min(self.most, round(len(self.cpus) - others))))
 
     def describe(self) -> str:
-        return f"{self.most} thread{'s' * (self.most > 1)}" if self.fixed else f"1-{self.most} threads as cores are idle"
-
-
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        if self.fixed:
+            return f"{self.most} thread{'s' * (self.most > 1)}"
+        return f"1-{self.most} threads as cores are idle"
 
 
 def torchrun_environment() -> tuple[int, int, int]:
-    """(rank, local_rank, world_size) as torchrun set them, or (0, 0, 1) for a process of its own. Some of
-    them without the others are left over in a cluster shell, not a launch: one line names them."""
-    given = {name: os.environ[name] for name in TORCHRUN_VARIABLES if name in os.environ}
+    """(rank, local_rank, world_size) as torchrun set them, or (0, 0, 1) for a process of its own. Some of them
+    without the others are left over in a cluster shell, not a launch, and one error line names them."""
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    given = {name: os.environ[name] for name in names if name in os.environ}
     if not given:
         return 0, 0, 1
-    missing = [name for name in TORCHRUN_VARIABLES if name not in given]
-    numbers = [given.get(name, "") for name in TORCHRUN_VARIABLES[:3]]
+    missing = [name for name in names if name not in given]
+    numbers = [given.get(name, "") for name in names[:3]]
     if missing or not all(n.isdigit() for n in numbers) or int(numbers[0]) >= int(numbers[2]):
         found = " ".join(f"{name}={value}" for name, value in given.items())
         lacking = f" without {', '.join(missing)}" if missing else ""
         raise UserError(f"the environment has {found}{lacking}, not a whole torchrun set; unset "
                         f"{'them' if len(given) > 1 else 'it'} to train one process, or launch with torchrun")
-    rank, local_rank, world_size = map(int, numbers)
-    return rank, local_rank, world_size
+    return int(numbers[0]), int(numbers[1]), int(numbers[2])
 
 
 def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: int | None = 1337,
-          training: bool = True, ddp_timeout: float = 600.0) -> Runtime:
-    """Decide device, precision and compilation, seed the RNGs, join the process group under
-    torchrun. `cfg` (a TrainConfig) gives the options, else the keywords (nothing is compiled).
-    Each rank seeds with seed + rank, so dropout masks differ; DDP broadcasts rank 0's weights.
-    training=False (sampling) keeps dtype auto at float32 on a CPU."""
-    compile = False
+          training: bool = True) -> Runtime:
+    """Decide device, precision and compilation, seed the RNGs (seed + rank, so dropout masks differ) and join
+    the process group under torchrun. `cfg` (a TrainConfig) gives the options, else the keywords do."""
+    compile, ddp_timeout = False, 600.0
     if cfg is not None:
         device, dtype, seed, compile, ddp_timeout = cfg.device, cfg.dtype, cfg.seed, cfg.compile, cfg.ddp_timeout
         set_threads(cfg.threads)  # a bad --threads fails before anything else is decided
-        if cfg.deterministic:  # cuBLAS's fixed workspace, before any matmul: torch's reproducibility notes
+        if cfg.deterministic:  # torch's reproducibility notes: cuBLAS needs a fixed workspace before any matmul
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     rank, local_rank, world_size = torchrun_environment() if training else (0, 0, 1)
     p = choose(probe(local_rank), device, dtype, compile, training, local_rank)
     rt = Runtime(p, torch.amp.GradScaler(p.device_type, enabled=p.loss_scaling), rank, local_rank, world_size)
     if rt.device_type == "cuda":
         torch.cuda.set_device(rt.device)
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls: ~free speed on Ampere+
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls are nearly free speed on Ampere and later
         torch.backends.cudnn.allow_tf32 = True
-        rt.peak_flops = peak_flops(torch.cuda.get_device_name(rt.device))
-    if rt.ddp:
-        _join_process_group(rt.device, ddp_timeout)
+        hits = [k for k in PEAK_FLOPS if k in torch.cuda.get_device_name(rt.device)]  # longest wins: L40S, not L4
+        rt.peak_flops = PEAK_FLOPS[max(hits, key=len)] if hits else None
+    if rt.ddp:  # join the processes torchrun started, with NCCL on CUDA and gloo on the CPU
+        if rt.device_type == "mps":
+            raise UserError("DDP does not support MPS; run a single process, or use --device cpu")
+        if not torch.distributed.is_initialized():
+            # imported before the group exists: its defaults, bound to group.WORLD later, would keep the group alive
+            import torch.distributed.nn as _  # noqa: F401
+            gpu = rt.device_type == "cuda"  # a collective waiting past ddp_timeout fails: a hung process ends the job
+            torch.distributed.init_process_group("nccl" if gpu else "gloo", device_id=torch.device(rt.device) if gpu
+                                                 else None, timeout=datetime.timedelta(seconds=ddp_timeout))
     if seed is not None:
         random.seed(seed + rank)
         np.random.seed((seed + rank) % 2**32)
         torch.manual_seed(seed + rank)  # seeds every CUDA device too
     if cfg is not None:
-        if not (cfg.resume or cfg.init_from or cfg.eval_only):  # else the weights bring theirs: announce() says it
+        if not (cfg.resume or cfg.init_from or cfg.eval_only):  # else announce() names the weights' attention
             rt.attention = attention_kernel(cfg, rt)
         rt.deterministic = cfg.deterministic
         if rt.device_type == "cpu":
@@ -378,9 +314,8 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
 
 
 def trainable(model: torch.nn.Module, rt: Runtime, example: tuple[torch.Tensor, torch.Tensor]) -> torch.nn.Module:
-    """`model` for the training step: compiled when the run says so, DDP-wrapped under torchrun.
-    One forward and backward on `example` compiles it now, leaving no gradients and the RNGs as
-    they were; if that fails, one line says why and the run goes on uncompiled (same numbers)."""
+    """`model` for the training step, DDP-wrapped under torchrun. A compiled run compiles it now, by a step on
+    `example` that leaves no gradients and the RNGs as they were; a failed compile is one note, and runs eager."""
     module = model
     if rt.choices.compile:
         when, rng = "wrapping the model", capture_rng_state()
@@ -402,23 +337,18 @@ def trainable(model: torch.nn.Module, rt: Runtime, example: tuple[torch.Tensor, 
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """Every RNG a training step can touch, as tensors/lists (weights_only-safe)."""
-    version, mt, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state: dict[str, Any] = {"python": [version, list(mt), gauss],
-                             "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-                             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+    """Every RNG a training step can touch, in types that torch.load(weights_only=True) reads back."""
+    name, keys, *rest = np.random.get_state()
+    cuda = {"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}
+    return {"python": random.getstate(), "numpy": [name, keys.tolist(), *rest], "torch": torch.get_rng_state(), **cuda}
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
     version, mt, gauss = state["python"]
-    random.setstate((version, tuple(mt), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    random.setstate((version, tuple(mt), gauss))  # older checkpoints hold a list
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"].cpu())
-    # a checkpoint moved to a machine with a different GPU count keeps the other RNGs as seeded
+    # on a machine with another GPU count than the checkpoint's, the CUDA RNGs stay as seeded
     if (cuda := state.get("cuda")) and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all([t.cpu() for t in cuda])
