@@ -1,9 +1,19 @@
 """Shared test set-up."""
 
+import signal
 from pathlib import Path
 
 import pytest
 import torch
+
+
+def pytest_configure(config):
+    """The signal tests press Ctrl-C or hang up as a user at a terminal would. A suite started in the background
+    (`&` ignores SIGINT, nohup SIGHUP) would pass those on to the scripts, which rightly keep them ignored, so the
+    tests get the defaults back."""
+    for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGHUP, signal.SIG_DFL)):
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            signal.signal(sig, default)
 
 
 @pytest.fixture(autouse=True)
