@@ -1,14 +1,11 @@
 """Training configs: TrainConfig, whose fields are train.py's flags, and where a run starts from.
 
-    cfg = load_config("small")                                  # configs/small.py: CONFIG
-    cfg = load_config("runs/my.toml")                           # field values, optionally base = "small"
-    cfg = load_config("out/small")                              # that run's config.json, as it ran
+    cfg = load_config("small")                    # configs/small.py: CONFIG = replace(BASE, ...)
+    cfg = load_config("runs/my.toml")             # field values, optionally base = "small"
+    cfg = load_config("out/small")                # that run's config.json, as it ran
     cfg = load_config("small", ["--max-iters", "200", "--no-compile", "--lr=3e-4"])
-    cfg, args = parse_config(parser, argv)                      # train.py: the above + its own flags
 
-A preset is configs/<name>.py defining `CONFIG = replace(BASE, ...)`: typed Python, so a misspelt
-field fails at import. Fields are flat, so each is one --flag with its help stored on the field;
-"off" is 0 or "" (max_time=0), never None, so every flag takes one plain value.
+"Off" is 0 or "" (max_time=0), never None, so every flag takes one plain value.
 """
 
 from __future__ import annotations
@@ -23,13 +20,19 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
-from .cli import ArgumentParser, Number, argument, closest, converter, integer, number, seed, setting
+from .cli import ArgumentParser, Number, argument, closest, integer, number, seed, setting
 from .errors import UserError
-from .model import GPTConfig
+from .model import GPTConfig, checks
 
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+def micro_batch(value: Any) -> int:
+    """--batch-size: a whole number, or auto (0, as config files hold it: plan.auto_batch_size picks it at start)."""
+    auto = str(value).lower() == "auto" or (type(value) is int and value == 0)
+    return 0 if auto else Number(int, lo=1, expects="a whole number >= 1 or auto")(value)
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,7 @@ class TrainConfig(GPTConfig):
     """A run's settings: the network's fields, inherited from GPTConfig with their defaults, and the training's."""
 
     # A run may leave the vocabulary to its data, which a model cannot: 0 here means the tokenizer's size.
-    vocab_size: int = setting(0, "0 = the tokenizer's; larger pads the embedding (e.g. 50304)", "model",
-                              integer(lo=0))
+    vocab_size: int = setting(0, "0 = the tokenizer's; larger pads the embedding (e.g. 50304)", "model")
     name: str = setting("custom", "the config's name; the run directory defaults to out/<name>", "config")
     dataset: str = setting("shakespeare_char", "a data.prepare preset (prepared on first use) or a dataset "
                            "prepared into data_root", "data")
@@ -46,7 +48,8 @@ class TrainConfig(GPTConfig):
     sampling: Literal["random", "epoch"] = setting("random", "train windows: random start positions (nanoGPT), "
                                                    "or each non-overlapping window once per epoch")
     batch_size: int = setting(12, "sequences per micro-batch per process; auto (stored as 0) = the largest "
-                              "that fits free memory, keeping tokens_per_step (training/plan.py)", "optimization")
+                              "that fits free memory, keeping tokens_per_step (training/plan.py)", "optimization",
+                              micro_batch)
     tokens_per_step: int = setting(0, "global tokens per optimizer step, reached by gradient accumulation; "
                                    "0 = one micro-batch per process")
     lr: float = setting(1e-3, "peak learning rate (AdamW), reached after warmup_iters")
@@ -79,7 +82,7 @@ class TrainConfig(GPTConfig):
                                   "a fixed CPU thread count")
     threads: int = setting(0, "CPU threads for torch; 0 = as many as other processes leave cores idle, checked "
                            "twice a second (results then depend on the load in the last bits)")
-    seed: int = setting(1337, "seed of every random stream (each DDP rank adds its rank)")
+    seed: int = setting(1337, "seed of every random stream (each DDP rank adds its rank)", check=seed)
     ddp_timeout: float = setting(600.0, "seconds a process waits for the others (at most a week: one silent for "
                                  "longer is hung); then a hung or stopped one ends the job",
                                  check=number(0, 604800, lo_open=True))
@@ -93,12 +96,7 @@ class TrainConfig(GPTConfig):
     wandb_run_name: str = setting("", "empty = the config name")
 
     def __post_init__(self) -> None:
-        for name, check in _CHECKS.items():  # what its flag refuses, a config built in code must not hold either
-            try:
-                check(getattr(self, name))
-            except ArgumentTypeError as e:
-                raise UserError(f"{name} {e}") from None
-        self.model_config(vocab_size=1)  # GPTConfig validates the model fields
+        super().__post_init__()
         if self.min_lr > self.lr:
             raise UserError(f"--min-lr ({self.min_lr}) must not exceed --lr ({self.lr}); lower --min-lr")
         if not self.data_root or not self.dataset:  # "" would prepare into the working directory
@@ -111,8 +109,7 @@ class TrainConfig(GPTConfig):
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The network this config describes; vocab_size 0 takes the argument."""
-        return GPTConfig(**{f.name: getattr(self, f.name) for f in fields(GPTConfig)}
-                         | {"vocab_size": self.vocab_size or vocab_size})
+        return GPTConfig.from_dict(self.to_dict(), vocab_size=self.vocab_size or vocab_size)
 
     def accumulation(self, processes: int) -> int:
         """Micro-steps per optimizer step: tokens_per_step over batch_size x block_size x processes."""
@@ -128,14 +125,8 @@ class TrainConfig(GPTConfig):
         return Path(self.out_dir or f"out/{self.name}")
 
 
-FIELDS = tuple(f.name for f in fields(TrainConfig))
+FIELDS = checks(TrainConfig)  # each field's check, by name
 _TYPES = get_type_hints(TrainConfig)
-
-
-def micro_batch(value: Any) -> int:
-    """--batch-size: a whole number, or auto (0, as config files hold it: plan.auto_batch_size picks it at start)."""
-    auto = str(value).lower() == "auto" or (type(value) is int and value == 0)
-    return 0 if auto else Number(int, lo=1, expects="a whole number >= 1 or auto")(value)
 
 
 # Fields that act only beside another field's values; typed without them they would do nothing, so are refused.
@@ -163,8 +154,6 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-_CHECKS = {f.name: {"batch_size": micro_batch, "seed": seed}.get(f.name) or f.metadata["check"]
-           or converter(_TYPES[f.name], lo=0) for f in fields(TrainConfig)}
 BASE = TrainConfig()
 
 
@@ -178,10 +167,7 @@ def named_config(name: str) -> TrainConfig:
     if name not in names:
         raise UserError(f"unknown config {name!r}; {_did_you_mean(name, names)}choose one of {', '.join(names)}, "
                         "a .toml file or a run directory")
-    cfg = getattr(importlib.import_module(f"configs.{name}"), "CONFIG", None)
-    if not isinstance(cfg, TrainConfig):  # a broken preset is a bug, not a user error
-        raise TypeError(f"configs/{name}.py must define CONFIG = replace(BASE, ...)")
-    return replace(cfg, name=name)
+    return replace(importlib.import_module(f"configs.{name}").CONFIG, name=name)
 
 
 def read_config_file(path: Path) -> Any:
@@ -201,9 +187,7 @@ def _did_you_mean(word: str, options: Sequence[str]) -> str:
 
 
 def config_file(path: Path) -> TrainConfig:
-    """A TOML file of field values (base = "<preset>" to start from one, else from BASE), or a
-    run's config.json (written by train.py as cfg.to_dict()); a run directory means its config.json."""
-    path = path / "config.json" if path.is_dir() else path
+    """A TOML file of field values (base = "<preset>" to start from one, else from BASE), or a run's config.json."""
     data = read_config_file(path)
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected an object of TrainConfig fields, got {type(data).__name__}")
@@ -220,7 +204,7 @@ def config_file(path: Path) -> TrainConfig:
             raise UserError(f"{path}: unknown key {key!r}; {_did_you_mean(key, FIELDS)}the keys are TrainConfig's "
                             "fields (train.py --help)")
         try:
-            values[key] = _CHECKS[key](value)
+            values[key] = FIELDS[key](value)
         except ArgumentTypeError as e:
             raise UserError(f"{path}: {key} {e}") from None
     return replace(base, **{"name": path.stem} | values)
@@ -234,20 +218,20 @@ def run_named(config: str) -> Path | None:
 
 def resolve_config(config: str) -> TrainConfig:
     """--config: a preset name, a TOML file, or a run directory / its config.json."""
-    if config in available_configs():
-        return named_config(config)
     path = Path(config)
-    if path.exists() and not path.is_dir() and (path.suffix not in (".toml", ".json") or not path.is_file()):
+    if config in available_configs() or not (path.exists() or "/" in config or path.suffix in (".toml", ".json")):
+        return named_config(config)  # an unknown name: the error lists the presets
+    if not path.exists():
+        raise UserError(f"config file {path} not found")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"{path} has no config.json; --config takes a preset, a .toml file or a run directory")
+        path /= "config.json"
+    if path.suffix not in (".toml", ".json") or not path.is_file():
         # an empty file would read as no fields; a pipe (<(...), /dev/stdin) has no name to tell TOML by
         raise UserError(f"--config {path}: expected a .toml file, a run's config.json or its directory; "
                         "save the settings to a .toml file and give that")
-    if path.is_file() or (path / "config.json").is_file():
-        return config_file(path)
-    if path.is_dir():
-        raise UserError(f"{path} has no config.json; --config takes a preset, a .toml file or a run directory")
-    if "/" in config or path.suffix in (".toml", ".json"):
-        raise UserError(f"config file {path} not found")
-    return named_config(config)  # unknown: the error names the presets
+    return config_file(path)
 
 
 def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig) -> None:
@@ -262,7 +246,7 @@ def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig)
         if section and section not in groups:
             groups[section] = parser.add_argument_group(section)
         group = groups.get(section, group)
-        kind = argument(_TYPES[f.name], _CHECKS[f.name]) | ({"metavar": "INT|auto"} if f.name == "batch_size" else {})
+        kind = argument(_TYPES[f.name], FIELDS[f.name]) | ({"metavar": "INT|auto"} if f.name == "batch_size" else {})
         group.add_argument(_flag(f.name), default=getattr(base, f.name), help=f.metadata["help"], **kind)
 
 

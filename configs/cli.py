@@ -1,15 +1,8 @@
 """The command line every script shares: argparse through its public API, with a few habits added.
 
-    parser = ArgumentParser(prog="python sample.py", description=__doc__)
-    parser.add_argument("--top-k", type=integer(lo=1), help="keep the k most likely tokens")
-    parser.add_argument("--device", default="auto", **argument(Literal["auto", "cpu"]))
-    parser.add_argument("--force", action=Flag, help="rebuild even if up to date")
-    args = parser.parse_args(argv)
-
-Every `--top-k` is also `--top_k` (nanoGPT habits work); booleans are `--force`, `--no-force`, `--force=false`
+Every `--top-k` is also `--top_k` (nanoGPT's spelling); booleans are `--force`, `--no-force`, `--force=false`
 or `--force false` (a word after a boolean flag is its value only if it is true/false/1/0/yes/no/on/off);
---help shows the script's docstring as written and every default; bad input is one UserError line with a
-"did you mean"; prefixes are refused (`--max-iter` must not quietly set --max-iters).
+--help shows every default; bad input is one UserError line with a "did you mean"; prefixes are refused.
 """
 
 from __future__ import annotations
@@ -37,8 +30,7 @@ def closest(word: str, options: Sequence[str]) -> str | None:
 
 
 class Number:
-    """An int or float from text or a TOML/JSON value, finite and from lo to hi (ends included unless open).
-    integer(lo=1) is >= 1, number(0, 1, hi_open=True) is [0, 1); 1e4 and 2_000 are fine, 2.5 for an int is not."""
+    """An int or float from text or a TOML/JSON value, finite and from lo to hi (ends included unless open)."""
 
     def __init__(self, kind: type, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False,
                  hi_open: bool = False, expects: str = "") -> None:
@@ -47,10 +39,6 @@ class Number:
         above = f" {'>' if lo_open else '>='} {lo}" if lo > -math.inf else ""
         within = f" in {'[('[lo_open]}{lo}, {hi}{'])'[hi_open]}" if hi < math.inf else above
         self.expects = expects or self.noun + within
-
-    def holds(self, x: float) -> bool:
-        above = self.lo < x or not self.lo_open and x == self.lo
-        return math.isfinite(x) and above and (x < self.hi or not self.hi_open and x == self.hi)
 
     def __call__(self, value: Any) -> Any:
         try:
@@ -62,7 +50,8 @@ class Number:
             raise argparse.ArgumentTypeError(f"expects {self.noun}, got {value!r}") from None
         if self.kind is int and self.hi == math.inf and abs(x) >= 2**31:  # torch's sizes and counts are C ints
             raise argparse.ArgumentTypeError(f"expects {self.noun} below 2**31, got {value!r}")
-        if not self.holds(x):
+        above = self.lo < x or not self.lo_open and x == self.lo
+        if not (math.isfinite(x) and above and (x < self.hi or not self.hi_open and x == self.hi)):
             expects = self.expects if math.isfinite(x) else "a finite number"  # no option means inf or nan
             raise argparse.ArgumentTypeError(f"expects {expects}, got {value!r}")
         return x
@@ -72,7 +61,7 @@ integer, number = partial(Number, int), partial(Number, float)
 seed = Number(int, 0, 2**32, hi_open=True, expects="a seed from 0 to 2**32 - 1 (torch keeps 32 bits)")  # 2**32 is 0
 
 
-def setting(default: Any, help: str, section: str = "", check: Number | None = None) -> Any:
+def setting(default: Any, help: str, section: str = "", check: Callable[[Any], Any] | None = None) -> Any:
     """A config field with its --help line, the --help group it starts, and its check (default: by its type, >= 0)."""
     return field(default=default, metadata={"help": help, "section": section, "check": check})
 
@@ -125,8 +114,7 @@ class Store(argparse.Action):
     def __init__(self, option_strings: list[str], dest: str, default: Any = None, type: Any = None,
                  metavar: Any = None, help: str | None = None, **kwargs: Any) -> None:
         twins = ["--" + s[2:].replace("-", "_") for s in option_strings if s.startswith("--")]
-        if option_strings and isinstance(default, (bool, int, float, str)) and "%(default)" not in (help or "") \
-                and help != argparse.SUPPRESS:
+        if option_strings and isinstance(default, (bool, int, float, str)):
             help = f"{help or ''} (default: %(default)r)".lstrip()
         super().__init__([*option_strings, *(s for s in twins if s not in option_strings)], dest, default=default,
                          type=type, metavar=metavar or getattr(type, "metavar", None), help=help, **kwargs)

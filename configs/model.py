@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from argparse import ArgumentTypeError
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from functools import cache
+from typing import Any, Literal, get_type_hints
 
-from .cli import integer, number, setting
+from .cli import converter, integer, number, setting
 from .errors import UserError
 
 
@@ -39,12 +42,16 @@ class GPTConfig:
                                                      "softmax(QK^T)V: same numbers, speed depends on the device")
 
     def __post_init__(self) -> None:
-        for f in fields(GPTConfig):
-            value, check, hint = getattr(self, f.name), f.metadata["check"], HINTS[f.name]
-            if check and (type(value) not in (int, check.kind) or not check.holds(value)):  # no bool, no 2.0
-                raise UserError(f"model config: {f.name} expects {check.expects}, got {value!r}")
-            if get_origin(hint) is Literal and value not in get_args(hint):
-                raise UserError(f"model config: {f.name} must be one of {get_args(hint)}, got {value!r}")
+        """Refuses what each field's flag refuses; a TrainConfig's messages name the field as its flag does."""
+        prefix = "model config: " if type(self) is GPTConfig else ""
+        for name, check in checks(type(self)).items():
+            value = getattr(self, name)
+            try:
+                kind = type(check(value))
+            except ArgumentTypeError as e:
+                raise UserError(f"{prefix}{name} {e}") from None
+            if type(value) not in (int, kind):  # 1.0 for an int, "1" for a number: the check's type, not its value
+                raise UserError(f"{prefix}{name} expects {kind.__name__}, got {value!r}")
         if self.n_embd % self.n_head:
             divisors = [h for h in range(1, 17) if self.n_embd % h == 0]
             raise UserError(f"model config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); pass "
@@ -66,4 +73,9 @@ class GPTConfig:
         return cls(**{k: v for k, v in {**d, **overrides}.items() if k in known})
 
 
-HINTS = get_type_hints(GPTConfig)
+
+@cache
+def checks(cls: type) -> dict[str, Callable[[Any], Any]]:
+    """Each field's check: its setting's, else by its type (a number: at least 0)."""
+    hints = get_type_hints(cls)
+    return {f.name: f.metadata["check"] or converter(hints[f.name], lo=0) for f in fields(cls)}
