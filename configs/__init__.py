@@ -158,8 +158,7 @@ BASE = TrainConfig()
 
 
 def available_configs() -> list[str]:
-    here = Path(__file__).parent
-    return sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.name not in ("cli", "errors", "model"))
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in ("cli", "errors", "model"))
 
 
 def named_config(name: str) -> TrainConfig:
@@ -234,29 +233,23 @@ def resolve_config(config: str) -> TrainConfig:
     return config_file(path)
 
 
-def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig) -> None:
-    """--config (default: `config`) and one option per TrainConfig field, defaulting to `base`'s value."""
-    group = parser.add_argument_group("config")
-    group.add_argument("--config", default=config, metavar="NAME|FILE|RUN_DIR",
-                       help=f"a preset ({', '.join(available_configs())}), a .toml file of fields "
-                            "(base = \"small\" starts from a preset), or a run directory / its config.json")
-    groups = {"config": group}  # the model's fields come first (inherited), but --help lists --config first
-    for f in fields(TrainConfig):
-        section = f.metadata["section"]
-        if section and section not in groups:
-            groups[section] = parser.add_argument_group(section)
-        group = groups.get(section, group)
-        kind = argument(_TYPES[f.name], FIELDS[f.name]) | ({"metavar": "INT|auto"} if f.name == "batch_size" else {})
-        group.add_argument(_flag(f.name), default=getattr(base, f.name), help=f.metadata["help"], **kind)
-
-
 def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> tuple[TrainConfig, Namespace]:
     """Parse `argv` as train.py does: `--config` picks the starting config (and --help's defaults), every field
     is a flag, and `parser`'s own flags come back in the namespace; --resume takes the rest from the run's config."""
     argv = sys.argv[1:] if argv is None else list(argv)
     first = ArgumentParser(add_help=False)
     first.add_argument("--config", default="small")
-    add_config_arguments(parser, config := first.parse_known_args(argv)[0].config, base := resolve_config(config))
+    base = resolve_config(config := first.parse_known_args(argv)[0].config)
+    group = parser.add_argument_group("config")  # --help lists --config first, before the model's fields
+    group.add_argument("--config", default=config, metavar="NAME|FILE|RUN_DIR",
+                       help=f"a preset ({', '.join(available_configs())}), a .toml file of fields "
+                            "(base = \"small\" starts from a preset), or a run directory / its config.json")
+    groups = {"config": group}
+    for f in fields(TrainConfig):
+        if section := f.metadata["section"]:
+            group = groups.get(section) or parser.add_argument_group(section)
+        kind = argument(_TYPES[f.name], FIELDS[f.name]) | ({"metavar": "INT|auto"} if f.name == "batch_size" else {})
+        group.add_argument(_flag(f.name), default=getattr(base, f.name), help=f.metadata["help"], **kind)
     untyped = object()  # argparse sets a default only where the namespace has no value yet
     args = vars(parser.parse_args(argv, Namespace(**dict.fromkeys(FIELDS, untyped))))
     typed = {k: v for k in FIELDS if (v := args.pop(k)) is not untyped}

@@ -108,8 +108,7 @@ def argument(annotation: Any, check: Callable[[Any], Any] | None = None) -> dict
 
 
 class Store(argparse.Action):
-    """argparse's "store", but an option also gets nanoGPT's spelling (`--max_iters`), its type's metavar
-    (INT) and its default in --help."""
+    """argparse's "store", plus nanoGPT's spelling (`--max_iters`), the type's metavar and the default in --help."""
 
     def __init__(self, option_strings: list[str], dest: str, default: Any = None, type: Any = None,
                  metavar: Any = None, help: str | None = None, **kwargs: Any) -> None:

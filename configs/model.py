@@ -42,8 +42,7 @@ class GPTConfig:
                                                      "softmax(QK^T)V: same numbers, speed depends on the device")
 
     def __post_init__(self) -> None:
-        """Refuses what each field's flag refuses; a TrainConfig's messages name the field as its flag does."""
-        prefix = "model config: " if type(self) is GPTConfig else ""
+        prefix = "model config: " if type(self) is GPTConfig else ""  # a TrainConfig's fields are its flags
         for name, check in checks(type(self)).items():
             value = getattr(self, name)
             try:
@@ -69,8 +68,7 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any], **overrides: Any) -> GPTConfig:
         """From a saved dict (and overrides, e.g. dropout), ignoring keys this version does not know."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in {**d, **overrides}.items() if k in known})
+        return cls(**{k: v for k, v in {**d, **overrides}.items() if k in checks(cls)})
 
 
 
