@@ -127,34 +127,31 @@ class TrainConfig(GPTConfig):
 
 FIELDS = checks(TrainConfig)  # each field's check, by name
 _TYPES = get_type_hints(TrainConfig)
-
-
+BASE = TrainConfig()
 # Fields that act only beside another field's values; typed without them they would do nothing, so are refused.
 ONLY_WITH = dict.fromkeys(("muon_lr", "muon_momentum"), ("optimizer", ("muon",))) \
     | dict.fromkeys(("min_lr", "lr_decay_iters"), ("lr_schedule", ("cosine", "wsd"))) \
     | dict.fromkeys(("wandb_project", "wandb_run_name"), ("wandb", (True,))) | {"decay_frac": ("lr_schedule", ("wsd",))}
 
 
-def check_typed(cfg: TrainConfig, typed: Iterable[str]) -> None:
-    """Refuse a typed flag that cfg's other values leave without effect (ONLY_WITH), naming what would give it one."""
+def check_typed(cfg: TrainConfig, typed: Iterable[str], where: str = "") -> None:
+    """Refuse a field set by hand that cfg's other values leave without effect (ONLY_WITH), naming what would."""
     if cfg.resume and (other := next((f for f in ("init_from", "eval_only") if f in typed), None)):
-        raise UserError(f"--resume continues this run's training, which {_flag(other)} does not; drop one of them")
+        raise UserError(f"{where}--resume continues this run's training, which {_flag(other)} does not; "
+                        "drop one of them")
     if "warmup_iters" in typed and cfg.warmup_iters > cfg.max_iters:
-        raise UserError(f"--warmup-iters {cfg.warmup_iters} is longer than the run (--max-iters {cfg.max_iters}): "
-                        "it would end before reaching --lr; lower --warmup-iters")
+        raise UserError(f"{where}--warmup-iters {cfg.warmup_iters} is longer than the run (--max-iters "
+                        f"{cfg.max_iters}): it would end before reaching --lr; lower --warmup-iters")
     for name in typed:
         other, acting = ONLY_WITH.get(name, ("", ()))
         if other and getattr(cfg, other) not in acting:
             flag, needed = _flag(name), _flag(other) + ("" if acting == (True,) else f" {'/'.join(acting)}")
             now = "" if acting == (True,) else f" (this run: {_flag(other)} {getattr(cfg, other)})"
-            raise UserError(f"{flag} does nothing without {needed}{now}; add {needed} or drop {flag}")
+            raise UserError(f"{where}{flag} does nothing without {needed}{now}; add {needed} or drop {flag}")
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-BASE = TrainConfig()
 
 
 def available_configs() -> list[str]:
@@ -185,8 +182,22 @@ def _did_you_mean(word: str, options: Sequence[str]) -> str:
     return f"did you mean {hint!r}? " if (hint := closest(word, options)) else ""
 
 
-def config_file(path: Path) -> TrainConfig:
-    """A TOML file of field values (base = "<preset>" to start from one, else from BASE), or a run's config.json."""
+def resolve_config(config: str) -> TrainConfig:
+    """--config: a preset name, a TOML file of field values (base = "<preset>" starts from one, else BASE), or a run
+    directory / its config.json."""
+    path = Path(config)
+    if config in available_configs() or not (path.exists() or "/" in config or path.suffix in (".toml", ".json")):
+        return named_config(config)  # an unknown name: the error lists the presets
+    if not path.exists():
+        raise UserError(f"config file {path} not found")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"{path} has no config.json; --config takes a preset, a .toml file or a run directory")
+        path /= "config.json"
+    if path.suffix not in (".toml", ".json") or not path.is_file():
+        # an empty file would read as no fields; a pipe (<(...), /dev/stdin) has no name to tell TOML by
+        raise UserError(f"--config {path}: expected a .toml file, a run's config.json or its directory; "
+                        "save the settings to a .toml file and give that")
     data = read_config_file(path)
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected an object of TrainConfig fields, got {type(data).__name__}")
@@ -215,24 +226,6 @@ def run_named(config: str) -> Path | None:
     return run if config not in available_configs() and (run / "config.json").is_file() else None
 
 
-def resolve_config(config: str) -> TrainConfig:
-    """--config: a preset name, a TOML file, or a run directory / its config.json."""
-    path = Path(config)
-    if config in available_configs() or not (path.exists() or "/" in config or path.suffix in (".toml", ".json")):
-        return named_config(config)  # an unknown name: the error lists the presets
-    if not path.exists():
-        raise UserError(f"config file {path} not found")
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UserError(f"{path} has no config.json; --config takes a preset, a .toml file or a run directory")
-        path /= "config.json"
-    if path.suffix not in (".toml", ".json") or not path.is_file():
-        # an empty file would read as no fields; a pipe (<(...), /dev/stdin) has no name to tell TOML by
-        raise UserError(f"--config {path}: expected a .toml file, a run's config.json or its directory; "
-                        "save the settings to a .toml file and give that")
-    return config_file(path)
-
-
 def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> tuple[TrainConfig, Namespace]:
     """Parse `argv` as train.py does: `--config` picks the starting config (and --help's defaults), every field
     is a flag, and `parser`'s own flags come back in the namespace; --resume takes the rest from the run's config."""
@@ -258,13 +251,10 @@ def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> t
         cfg = replace(cfg, out_dir=str(run))
     cfg = cfg if cfg.out_dir else replace(cfg, out_dir=f"out/{cfg.name}")
     if cfg.resume and (saved := cfg.run_dir / "config.json").is_file():  # the run's settings, unless typed again
-        cfg = replace(config_file(saved), **typed | {"resume": True, "out_dir": cfg.out_dir})
+        cfg = replace(resolve_config(str(saved)), **typed | {"resume": True, "out_dir": cfg.out_dir})
     check_typed(cfg, typed)
     if Path(config).suffix == ".toml":  # its fields were set by hand as well
-        try:
-            check_typed(cfg, set(read_config_file(Path(config))) - set(typed))
-        except UserError as e:
-            raise UserError(f"{config}: {e}") from None
+        check_typed(cfg, set(read_config_file(Path(config))) - set(typed), f"{config}: ")
     return cfg, Namespace(**args)
 
 

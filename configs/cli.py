@@ -146,10 +146,8 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse.ArgumentParser with the habits in this module's docstring."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        super().__init__(*args, allow_abbrev=False, **kwargs)
-        self.options = ["--help"] if self.add_help else []  # the long options an unknown one is matched against
-        self.flags: dict[str, Flag] = {}
+        super().__init__(*args, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        self.actions: dict[str, argparse.Action] = {}  # by option string: for "did you mean" and the flags' values
         # add_argument looks an action up in this registry, which argument groups share
         for name, action in ((None, Store), ("store", Store), ("append", Append), (Flag, Flag)):
             self.register("action", name, partial(self.noted, action))
@@ -158,10 +156,9 @@ class ArgumentParser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-(\.?\d|inf|nan)", re.I)
 
     def noted(self, action: type[argparse.Action], **kwargs: Any) -> argparse.Action:
-        """Makes the action and notes its long options (not the nanoGPT spellings) for "did you mean"."""
+        """Makes the action and notes its option strings."""
         made = action(**kwargs)
-        self.options += [s for s in made.option_strings if s.startswith("--") and "_" not in s]
-        self.flags |= dict.fromkeys(made.option_strings, made) if isinstance(made, Flag) else {}
+        self.actions |= dict.fromkeys(made.option_strings, made)
         return made
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
@@ -171,7 +168,7 @@ class ArgumentParser(argparse.ArgumentParser):
         args = list(sys.argv[1:] if args is None else args)
         end = args.index("--") if "--" in args else len(args)
         for i, (arg, after) in enumerate(zip(args[:end], [*args[1:end], "--"])):
-            if (flag := self.flags.get(arg)) and after.lower() not in TRUE + FALSE:
+            if isinstance(flag := self.actions.get(arg), Flag) and after.lower() not in TRUE + FALSE:
                 args[i] = f"{flag.option_strings[0]}={str(arg not in flag.negated).lower()}"
         return super().parse_known_args(args, namespace)
 
@@ -183,7 +180,7 @@ class ArgumentParser(argparse.ArgumentParser):
         if not unknown[0].startswith("-") or unknown[0] == "--":
             self.error(f"unexpected argument {unknown[0]!r} (see --help)")
         flag = unknown[0].partition("=")[0]
-        hint = closest(flag.lstrip("-").replace("_", "-"), [s[2:] for s in self.options])
+        hint = closest(flag.lstrip("-").replace("_", "-"), [s[2:] for s in ["--help", *self.actions] if "_" not in s])
         self.error(f"unknown option {flag!r}; " + (f"did you mean --{hint}?" if hint else "see --help for the options"))
 
     def error(self, message: str) -> NoReturn:

@@ -25,8 +25,7 @@ def first_line(e: BaseException, limit: int = 200) -> str:
 
 
 def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
-    """Decorate a script's main(): a UserError prints `error: <message>` and returns 2, Ctrl-C 130, --help 0;
-    anything else is a bug and keeps its traceback."""
+    """Decorate a script's main(): a UserError prints `error: <message>` and returns 2, Ctrl-C 130, --help 0."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs) -> int:

@@ -8,9 +8,7 @@ The model shape comes from the pretrained weights; a small constant learning rat
 dozen steps is enough (Shakespeare is ~300k tokens, so longer runs overfit).
 """
 
-from dataclasses import replace
-
-from configs import BASE
+from configs import BASE, replace
 
 CONFIG = replace(
     BASE,

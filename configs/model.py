@@ -46,11 +46,10 @@ class GPTConfig:
         for name, check in checks(type(self)).items():
             value = getattr(self, name)
             try:
-                kind = type(check(value))
+                if type(value) not in (int, type(check(value))):  # 1.0 for an int, "1" for a number: refused too
+                    raise ArgumentTypeError(f"expects {type(check(value)).__name__}, got {value!r}")
             except ArgumentTypeError as e:
                 raise UserError(f"{prefix}{name} {e}") from None
-            if type(value) not in (int, kind):  # 1.0 for an int, "1" for a number: the check's type, not its value
-                raise UserError(f"{prefix}{name} expects {kind.__name__}, got {value!r}")
         if self.n_embd % self.n_head:
             divisors = [h for h in range(1, 17) if self.n_embd % h == 0]
             raise UserError(f"model config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); pass "
