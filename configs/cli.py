@@ -25,7 +25,6 @@ ALIASES = {"gpu": "cuda", "fp32": "float32", "bf16": "bfloat16", "fp16": "float1
 
 
 def closest(word: str, options: Sequence[str]) -> str | None:
-    """The option a typo most likely meant, or None."""
     return next(iter(difflib.get_close_matches(word, options, n=1, cutoff=0.6)), None)
 
 
@@ -108,10 +107,11 @@ def argument(annotation: Any, check: Callable[[Any], Any] | None = None) -> dict
 
 
 class Store(argparse.Action):
-    """argparse's "store", plus nanoGPT's spelling (`--max_iters`), the type's metavar and the default in --help."""
+    """argparse's "store" or "append", plus nanoGPT's spelling (`--max_iters`), the type's metavar, --help's default."""
 
     def __init__(self, option_strings: list[str], dest: str, default: Any = None, type: Any = None,
-                 metavar: Any = None, help: str | None = None, **kwargs: Any) -> None:
+                 metavar: Any = None, help: str | None = None, append: bool = False, **kwargs: Any) -> None:
+        self.append = append
         twins = ["--" + s[2:].replace("-", "_") for s in option_strings if s.startswith("--")]
         if option_strings and isinstance(default, (bool, int, float, str)):
             help = f"{help or ''} (default: %(default)r)".lstrip()
@@ -119,12 +119,7 @@ class Store(argparse.Action):
                          type=type, metavar=metavar or getattr(type, "metavar", None), help=help, **kwargs)
 
     def __call__(self, parser: Any, namespace: argparse.Namespace, value: Any, option_string: Any = None) -> None:
-        setattr(namespace, self.dest, value)
-
-
-class Append(Store):
-    def __call__(self, parser: Any, namespace: argparse.Namespace, value: Any, option_string: Any = None) -> None:
-        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), value])
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), value] if self.append else value)
 
 
 class Flag(Store):
@@ -149,14 +144,13 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
         self.actions: dict[str, argparse.Action] = {}  # by option string: for "did you mean" and the flags' values
         # add_argument looks an action up in this registry, which argument groups share
-        for name, action in ((None, Store), ("store", Store), ("append", Append), (Flag, Flag)):
+        for name, action in ((None, Store), ("store", Store), ("append", partial(Store, append=True)), (Flag, Flag)):
             self.register("action", name, partial(self.noted, action))
         # The one private name here: argparse's own pattern takes `-1e-3`, `-inf` and `-nan` for options, so
         # `--lr -1e-3` would be "expected one argument" instead of a range.
         self._negative_number_matcher = re.compile(r"^-(\.?\d|inf|nan)", re.I)
 
     def noted(self, action: type[argparse.Action], **kwargs: Any) -> argparse.Action:
-        """Makes the action and notes its option strings."""
         made = action(**kwargs)
         self.actions |= dict.fromkeys(made.option_strings, made)
         return made

@@ -17,12 +17,10 @@ class GPTConfig:
     """Defaults are GPT-2 small (124M). The switches select the modern variant (RoPE, RMSNorm, ReLU^2, QK-norm,
     no biases) within the same GPT class. TrainConfig inherits these fields, so each is also a train.py flag."""
 
-    vocab_size: int = setting(50257, "rows of the token embedding (GPT-2's BPE has 50257)", "model",
-                              integer(lo=1))
+    vocab_size: int = setting(50257, "rows of the token embedding (GPT-2's BPE has 50257)", "model", integer(lo=1))
     # Each block registers a T x T mask, which at T = 2**20 would already take 1 TiB.
     block_size: int = setting(1024, "context length in tokens", check=integer(1, 2**20))
-    # Each block is Python objects that take a few ms to build, so 2e9 layers would hang; DeepNet's 1,000
-    # layers are the deepest published.
+    # Each block takes a few ms to build, so 2e9 layers would hang; DeepNet's 1,000 layers are the deepest published.
     n_layer: int = setting(12, "transformer blocks", check=integer(1, 1000))
     n_head: int = setting(12, "attention heads per block; must divide n_embd", check=integer(lo=1))
     n_embd: int = setting(768, "width of the residual stream", check=integer(lo=1))
@@ -31,8 +29,7 @@ class GPTConfig:
     bias: bool = setting(True, "biases in Linear layers and norms, as GPT-2 has")
     pos_emb: Literal["learned", "rope"] = setting("learned", "learned absolute positions (GPT-2) or rotary")
     norm: Literal["layernorm", "rmsnorm"] = setting("layernorm", "LayerNorm (GPT-2) or RMSNorm")
-    activation: Literal["gelu", "gelu_exact", "relu2"] = setting("gelu", "GPT-2's tanh GELU, exact GELU or "
-                                                                 "relu(x)^2")
+    activation: Literal["gelu", "gelu_exact", "relu2"] = setting("gelu", "GPT-2's tanh GELU, exact GELU or relu(x)^2")
     qk_norm: bool = setting(False, "normalise queries and keys per head before their dot product")
     tie_weights: bool = setting(True, "lm_head shares its weight with the token embedding")
     mlp_ratio: int = setting(4, "the MLP's hidden width as a multiple of n_embd", check=integer(lo=1))
@@ -68,7 +65,6 @@ class GPTConfig:
     def from_dict(cls, d: dict[str, Any], **overrides: Any) -> GPTConfig:
         """From a saved dict (and overrides, e.g. dropout), ignoring keys this version does not know."""
         return cls(**{k: v for k, v in {**d, **overrides}.items() if k in checks(cls)})
-
 
 
 @cache
