@@ -24,7 +24,6 @@ from .cli import ArgumentParser, Number, argument, closest, integer, number, see
 from .errors import UserError
 from .model import GPTConfig, checks
 
-
 Device = Literal["auto", "cpu", "cuda", "mps"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -158,14 +157,6 @@ def available_configs() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in ("cli", "errors", "model"))
 
 
-def named_config(name: str) -> TrainConfig:
-    names = available_configs()
-    if name not in names:
-        raise UserError(f"unknown config {name!r}; {_did_you_mean(name, names)}choose one of {', '.join(names)}, "
-                        "a .toml file or a run directory")
-    return replace(importlib.import_module(f"configs.{name}").CONFIG, name=name)
-
-
 def read_config_file(path: Path) -> Any:
     """A .json or TOML file's contents; a file that cannot be read or parsed is a UserError."""
     try:
@@ -185,9 +176,12 @@ def _did_you_mean(word: str, options: Sequence[str]) -> str:
 def resolve_config(config: str) -> TrainConfig:
     """--config: a preset name, a TOML file of field values (base = "<preset>" starts from one, else BASE), or a run
     directory / its config.json."""
-    path = Path(config)
-    if config in available_configs() or not (path.exists() or "/" in config or path.suffix in (".toml", ".json")):
-        return named_config(config)  # an unknown name: the error lists the presets
+    path, names = Path(config), available_configs()
+    if config in names:
+        return replace(importlib.import_module(f"configs.{config}").CONFIG, name=config)
+    if not (path.exists() or "/" in config or path.suffix in (".toml", ".json")):
+        raise UserError(f"unknown config {config!r}; {_did_you_mean(config, names)}choose one of {', '.join(names)}, "
+                        "a .toml file or a run directory")
     if not path.exists():
         raise UserError(f"config file {path} not found")
     if path.is_dir():
@@ -203,11 +197,11 @@ def resolve_config(config: str) -> TrainConfig:
         raise UserError(f"{path}: expected an object of TrainConfig fields, got {type(data).__name__}")
     if path.suffix == ".json":  # a run's settings, not its place: training again must not write into it
         data = {k: v for k, v in data.items() if k not in ("out_dir", "resume")}
-    preset = str(data.get("base", ""))
-    if preset and preset not in available_configs() and Path(preset).exists():  # named_config would list presets
-        raise UserError(f"{path}: base takes a preset ({', '.join(available_configs())}), not a path; to start "
+    preset = str(data.pop("base", ""))
+    if preset and preset not in names and Path(preset).exists():  # it would be read as --config
+        raise UserError(f"{path}: base takes a preset ({', '.join(names)}), not a path; to start "
                         f"from a run's settings use --config {preset}")
-    base = named_config(str(data.pop("base"))) if "base" in data else BASE
+    base = resolve_config(preset) if preset else BASE
     values = {}
     for key, value in data.items():
         if key not in FIELDS:
