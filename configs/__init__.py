@@ -18,7 +18,7 @@ from argparse import ArgumentTypeError, Namespace
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal, get_type_hints
+from typing import Any, Literal
 
 from .cli import ArgumentParser, Number, argument, closest, integer, number, seed, setting
 from .errors import UserError
@@ -125,7 +125,6 @@ class TrainConfig(GPTConfig):
 
 
 FIELDS = checks(TrainConfig)  # each field's check, by name
-_TYPES = get_type_hints(TrainConfig)
 BASE = TrainConfig()
 # Fields that act only beside another field's values; typed without them they would do nothing, so are refused.
 ONLY_WITH = dict.fromkeys(("muon_lr", "muon_momentum"), ("optimizer", ("muon",))) \
@@ -133,20 +132,19 @@ ONLY_WITH = dict.fromkeys(("muon_lr", "muon_momentum"), ("optimizer", ("muon",))
     | dict.fromkeys(("wandb_project", "wandb_run_name"), ("wandb", (True,))) | {"decay_frac": ("lr_schedule", ("wsd",))}
 
 
-def check_typed(cfg: TrainConfig, typed: Iterable[str], where: str = "") -> None:
+def check_typed(cfg: TrainConfig, typed: Iterable[str], at: str = "") -> None:
     """Refuse a field set by hand that cfg's other values leave without effect (ONLY_WITH), naming what would."""
     if cfg.resume and (other := next((f for f in ("init_from", "eval_only") if f in typed), None)):
-        raise UserError(f"{where}--resume continues this run's training, which {_flag(other)} does not; "
-                        "drop one of them")
+        raise UserError(f"{at}--resume continues this run's training, which {_flag(other)} does not; drop one of them")
     if "warmup_iters" in typed and cfg.warmup_iters > cfg.max_iters:
-        raise UserError(f"{where}--warmup-iters {cfg.warmup_iters} is longer than the run (--max-iters "
+        raise UserError(f"{at}--warmup-iters {cfg.warmup_iters} is longer than the run (--max-iters "
                         f"{cfg.max_iters}): it would end before reaching --lr; lower --warmup-iters")
     for name in typed:
         other, acting = ONLY_WITH.get(name, ("", ()))
         if other and getattr(cfg, other) not in acting:
             flag, needed = _flag(name), _flag(other) + ("" if acting == (True,) else f" {'/'.join(acting)}")
             now = "" if acting == (True,) else f" (this run: {_flag(other)} {getattr(cfg, other)})"
-            raise UserError(f"{where}{flag} does nothing without {needed}{now}; add {needed} or drop {flag}")
+            raise UserError(f"{at}{flag} does nothing without {needed}{now}; add {needed} or drop {flag}")
 
 
 def _flag(name: str) -> str:
@@ -174,8 +172,7 @@ def _did_you_mean(word: str, options: Sequence[str]) -> str:
 
 
 def resolve_config(config: str) -> TrainConfig:
-    """--config: a preset name, a TOML file of field values (base = "<preset>" starts from one, else BASE), or a run
-    directory / its config.json."""
+    """--config: a preset, a TOML file (base = "<preset>" starts from one), or a run directory / its config.json."""
     path, names = Path(config), available_configs()
     if config in names:
         return replace(importlib.import_module(f"configs.{config}").CONFIG, name=config)
@@ -235,7 +232,7 @@ def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> t
     for f in fields(TrainConfig):
         if section := f.metadata["section"]:
             group = groups.get(section) or parser.add_argument_group(section)
-        kind = argument(_TYPES[f.name], FIELDS[f.name]) | ({"metavar": "INT|auto"} if f.name == "batch_size" else {})
+        kind = argument(FIELDS[f.name]) | ({"metavar": "INT|auto"} if f.name == "batch_size" else {})
         group.add_argument(_flag(f.name), default=getattr(base, f.name), help=f.metadata["help"], **kind)
     untyped = object()  # argparse sets a default only where the namespace has no value yet
     args = vars(parser.parse_args(argv, Namespace(**dict.fromkeys(FIELDS, untyped))))

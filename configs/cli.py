@@ -92,18 +92,17 @@ def text(value: Any) -> str:
     raise argparse.ArgumentTypeError(f"expects text, got {value!r}")
 
 
-def converter(annotation: Any, lo: float = -math.inf) -> Callable[[Any], Any]:
-    """Checks and converts a command-line string or a TOML/JSON value to `annotation` (a number: at least lo)."""
+def converter(annotation: Any) -> Callable[[Any], Any]:
+    """Checks and converts a command-line string or a TOML/JSON value to `annotation` (a number: at least 0)."""
     if get_origin(annotation) is Literal:
         return Choice(get_args(annotation))
-    return {int: integer(lo), float: number(lo), bool: boolean, str: text}[annotation]
+    return {int: integer(lo=0), float: number(lo=0), bool: boolean, str: text}[annotation]
 
 
-def argument(annotation: Any, check: Callable[[Any], Any] | None = None) -> dict[str, Any]:
-    """add_argument keywords for a value of type `annotation`, checked by `check` (default: see converter)."""
-    if annotation is bool:
-        return {"action": Flag}
-    return {"type": check or converter(annotation), "choices": get_args(annotation) or None}
+def argument(kind: Any) -> dict[str, Any]:
+    """add_argument keywords for a Literal type's value, or for a value that the check `kind` takes."""
+    check = Choice(get_args(kind)) if get_origin(kind) is Literal else kind
+    return {"action": Flag} if check is boolean else {"type": check, "choices": getattr(check, "options", None)}
 
 
 class Store(argparse.Action):

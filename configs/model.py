@@ -71,4 +71,4 @@ class GPTConfig:
 def checks(cls: type) -> dict[str, Callable[[Any], Any]]:
     """Each field's check: its setting's, else by its type (a number: at least 0)."""
     hints = get_type_hints(cls)
-    return {f.name: f.metadata["check"] or converter(hints[f.name], lo=0) for f in fields(cls)}
+    return {f.name: f.metadata["check"] or converter(hints[f.name]) for f in fields(cls)}
