@@ -161,7 +161,6 @@ def read_config_file(path: Path) -> Any:
         if path.suffix == ".json":
             return json.loads(path.read_text())
         import tomllib  # here, not at the top: Python < 3.11 can still run the named configs
-
         return tomllib.loads(path.read_text())
     except (OSError, ValueError) as e:  # JSON and TOML syntax errors are ValueErrors
         raise UserError(f"cannot read config file {path}: {e}") from None
@@ -181,10 +180,8 @@ def resolve_config(config: str) -> TrainConfig:
                         "a .toml file or a run directory")
     if not path.exists():
         raise UserError(f"config file {path} not found")
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UserError(f"{path} has no config.json; --config takes a preset, a .toml file or a run directory")
-        path /= "config.json"
+    if path.is_dir() and not (path := path / "config.json").is_file():
+        raise UserError(f"{path.parent} has no config.json; --config takes a preset, a .toml file or a run directory")
     if path.suffix not in (".toml", ".json") or not path.is_file():
         # an empty file would read as no fields; a pipe (<(...), /dev/stdin) has no name to tell TOML by
         raise UserError(f"--config {path}: expected a .toml file, a run's config.json or its directory; "

@@ -1,8 +1,7 @@
 """The command line every script shares: argparse through its public API, with a few habits added.
 
-Every `--top-k` is also `--top_k` (nanoGPT's spelling); booleans are `--force`, `--no-force`, `--force=false`
-or `--force false` (a word after a boolean flag is its value only if it is true/false/1/0/yes/no/on/off);
---help shows every default; bad input is one UserError line with a "did you mean"; prefixes are refused.
+Every `--top-k` is also `--top_k` (nanoGPT's spelling); booleans are `--force`, `--no-force`, `--force=false` or
+`--force false`; --help shows every default; bad input is one UserError line with a "did you mean"; no prefixes.
 """
 
 from __future__ import annotations

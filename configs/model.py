@@ -14,8 +14,7 @@ from .errors import UserError
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Defaults are GPT-2 small (124M). The switches select the modern variant (RoPE, RMSNorm, ReLU^2, QK-norm,
-    no biases) within the same GPT class. TrainConfig inherits these fields, so each is also a train.py flag."""
+    """Defaults are GPT-2 small (124M); switches give the modern variant (RoPE, RMSNorm, ReLU^2, QK-norm, no bias)."""
 
     vocab_size: int = setting(50257, "rows of the token embedding (GPT-2's BPE has 50257)", "model", integer(lo=1))
     # Each block registers a T x T mask, which at T = 2**20 would already take 1 TiB.
@@ -70,5 +69,4 @@ class GPTConfig:
 @cache
 def checks(cls: type) -> dict[str, Callable[[Any], Any]]:
     """Each field's check: its setting's, else by its type (a number: at least 0)."""
-    hints = get_type_hints(cls)
-    return {f.name: f.metadata["check"] or converter(hints[f.name]) for f in fields(cls)}
+    return {f.name: f.metadata["check"] or converter(get_type_hints(cls)[f.name]) for f in fields(cls)}
