@@ -133,7 +133,7 @@ ONLY_WITH = dict.fromkeys(("muon_lr", "muon_momentum"), ("optimizer", ("muon",))
 
 
 def check_typed(cfg: TrainConfig, typed: Iterable[str], at: str = "") -> None:
-    """Refuse a field set by hand that cfg's other values leave without effect (ONLY_WITH), naming what would."""
+    """Refuse a field set by hand that cfg's other values leave without effect (ONLY_WITH); `at` starts the message."""
     if cfg.resume and (other := next((f for f in ("init_from", "eval_only") if f in typed), None)):
         raise UserError(f"{at}--resume continues this run's training, which {_flag(other)} does not; drop one of them")
     if "warmup_iters" in typed and cfg.warmup_iters > cfg.max_iters:
