@@ -6,12 +6,10 @@ r"""Sample text from a trained GPT, streaming tokens to the terminal as they are
     python sample.py --prompt "ROMEO:" --stop "\n\n"         # stop after the first speech
     python sample.py --prompt "ROMEO:" --prompt "JULIET:"    # two prompts, one batched pass
     python sample.py --prompt "ROMEO:" --compile             # compiled decode step: faster after a compile
-    python sample.py --init-from gpt2 --quantize int8 --compile   # int8 weights: faster GPT-2 on a CPU
     python sample.py --prompt-file prompts.txt               # one prompt per line
     echo "To be, or not" | python sample.py --prompt -       # prompt from stdin, verbatim
     python sample.py --config tiny --device cpu --dtype float32   # out/tiny; or --ckpt DIR|FILE
     python sample.py --init-from gpt2 --prompt "Hello"       # a hub id, a HF GPT-2 dir or a run dir
-    python sample.py --prompt "ROMEO: O" --show-attention attn.png --layer 0 --max-new-tokens 0
 
 The tokenizer comes with the checkpoint (GPT-2 BPE for other Hugging Face models). "\n", "\t" and
 "\\" in prompts and --stop mean newline, tab, backslash; an empty prompt starts from end-of-text
@@ -28,12 +26,11 @@ start_script(__name__)  # first: Ctrl-C during the imports below (torch: seconds
 import argparse
 import codecs
 import itertools
-import os
 import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -213,11 +210,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="CPU threads; 0 = 1 for small models (n_embd <= 256), else torch's default")
     p.add_argument("--compile", action=Flag,
                    help="torch.compile the decode step (4 tokens a call): 3-5x tokens/s for small models, after a one-off compile")
-    p.add_argument("--quantize", default="none", **argument(Literal["none", "int8"]),
-                   help="int8: weight-only int8 Linear layers (CPU; a quarter of float32's bytes per token; "
-                        "logits within ~0.1 of float32: docs/sampling.md)")
-    p.add_argument("--show-attention", metavar="PNG", help="save the prompt's attention maps here")
-    p.add_argument("--layer", type=integer(), default=0, help="layer for --show-attention (negative counts from the end)")
     try:
         return p.parse_args(argv)
     except UserError as e:  # argparse calls --out-dir by its first name, --ckpt: name the one typed
@@ -229,12 +221,8 @@ def check_args(args: argparse.Namespace) -> None:
     """Refuse empty or folder-valued paths and flags that would do nothing; the numbers' ranges are their parser's."""
     if "" in args.stop:
         raise UserError("--stop must not be empty")
-    if "" in (args.config, args.init_from, args.prompt_file, args.show_attention):
-        raise UserError("an empty --config, --init-from, --prompt-file or --show-attention names nothing")
-    if args.show_attention and os.path.isdir(args.show_attention):  # plot_attention would add .png beside it
-        raise UserError(f"--show-attention {args.show_attention} is a folder; give a .png file path")
-    if args.layer and not args.show_attention:
-        raise UserError("--layer applies to --show-attention; add it or drop --layer")
+    if "" in (args.config, args.init_from, args.prompt_file):
+        raise UserError("an empty --config, --init-from or --prompt-file names nothing")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -243,32 +231,19 @@ def run(args: argparse.Namespace) -> None:
     check_args(args)
     stops = [unescape(s) for s in args.stop]
     prompts = read_prompts(args)
-    if args.show_attention and len(prompts) > 1:
-        raise UserError(f"--show-attention draws one prompt; give one ({len(prompts)} given)")
-    device = "cpu" if args.quantize == "int8" and args.device == "auto" else args.device  # int8 is CPU-only
-    rt = setup(device=device, dtype=args.dtype, seed=None, training=False)
+    rt = setup(device=args.device, dtype=args.dtype, seed=None, training=False)
     model, tok = load(args)
     model.to(rt.device)
     if rt.device_type == "cpu":
         set_threads(cpu_threads(args.threads, model.config.n_embd))
     if rt.dtype != torch.float32:  # inference only: keep weights (and the KV cache) in the compute dtype
         model.to(rt.dtype)
-    if args.quantize == "int8":
-        if rt.device_type != "cpu":
-            raise UserError("--quantize int8 is for CPU decoding; use --device cpu")
-        from model.quantize import quantize_int8
-
-        quantize_int8(model)
     encoded = [encode_prompt(tok, p, model.config.block_size) for p in prompts]
     for stop in stops:  # a character model never writes a character its vocabulary lacks
         try:
             tok.encode(stop)
         except UserError as e:
             raise UserError(f"--stop {stop!r} can never match: {e}") from None
-    if args.show_attention:
-        from model.trace import plot_attention
-
-        note(f"wrote {plot_attention(model, tok, encoded[0], args.show_attention, args.layer)}")
     generator = torch.Generator(device=rt.device)
     generator.manual_seed(args.seed) if args.seed is not None else generator.seed()
 
