@@ -1,4 +1,4 @@
-"""Views inside a model, by forward hooks: the shape walk (`python -m model`), hidden states, attention weights."""
+"""Forward hooks that look inside a model: the shape walk, hidden states, attention weights."""
 
 from __future__ import annotations
 
