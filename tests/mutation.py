@@ -39,7 +39,6 @@ MESSAGE_LINES = [r"help=", r"^\s*raise \w+\(", r"^\s*f?\"[^\"]*\"\s*\)*,?$", r"\
 # that start processes (torchrun, the CLI), and the documented commands: minutes each mutant of
 # the model would pay, for code the in-process tests run too.
 LEFT_OUT = ["test_sample.py::test_compiled_decode_step_equals_eager_past_block_size",
-            "test_sample.py::test_int8_weights_stay_within_tolerance_of_float32_and_compile_alike",
             "test_train.py::test_same_result_whatever_the_split_between_processes_and_accumulation",
             "test_failures.py::test_ddp_a_stopped_process_ends_the_job_with_one_line",
             "test_failures.py::test_ddp_a_killed_process_ends_the_job_at_once_with_one_line",

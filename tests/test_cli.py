@@ -101,7 +101,6 @@ NUMERIC = [("sample", "--num-samples", ["0", "nan", "inf", "-1e-3"]), ("sample",
            ("sample", "--temperature", ["nan", "inf", "-inf", "-1e-3"]), ("sample", "--top-k", ["0", "nan", "-1e-3"]),
            ("sample", "--top-p", ["nan", "inf", "0", "1.5", "-1e-3"]), ("sample", "--seed", ["-1", str(2**64)]),
            ("sample", "--batch-size", ["0", "nan"]), ("sample", "--threads", ["-1", "inf"]),
-           ("sample", "--layer", ["nan", "1.5"]),
            ("prepare", "--val-fraction", ["nan", "inf", "0", "1", "1.5", "-1e-3"]), ("prepare", "--num-proc", ["0", "-1"]),
            ("train", "--nproc", ["0", "nan"]), ("train", "--mfu", ["0", "1.5", "nan", "inf", "-1e-3"])]
 VALUES = [(script, option, value) for script, option, values in NUMERIC for value in values]

@@ -113,8 +113,6 @@ RUNS = {
     'echo "To be, or not" | python sample.py --prompt -': (None, "To be, or not"),
     'python sample.py --init-from gpt2 --prompt "Hello"': (None, "Hello"),
     'python sample.py --init-from gpt2 --prompt "Hello, I\'m a language model,"': (None, "Hello, I'm a language model,"),
-    "python sample.py --init-from gpt2 --quantize int8 --compile": (None, ""),
-    'python sample.py --prompt "ROMEO: O" --show-attention attn.png --layer 0 --max-new-tokens 0': (None, "attn.png"),
     "python -m model": (None, "logits"),
     "python -m model --config small": (None, "logits"),
     "python -m model --config gpt2 --seq-len 8": (None, "124,"),

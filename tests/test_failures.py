@@ -118,14 +118,6 @@ def test_resume_refuses_incomplete_or_unfitting_checkpoints(tmp_path, data_root,
     assert "its checkpoint has no optimizer" in line
 
 
-def test_show_attention_to_an_unwritable_path_is_one_line(tmp_path, data_root, capsys):
-    pytest.importorskip("matplotlib")
-    assert train.main(args(tmp_path, data_root)) == 0
-    png = tmp_path / "ckpt.pt" / "attn.png"  # below a file
-    argv = ["--ckpt", str(tmp_path), "--prompt", "ROMEO", "--show-attention", str(png), "--max-new-tokens", "0"]
-    assert "--show-attention" in fails(capsys, sample.main, argv)
-
-
 @pytest.fixture
 def two_processes(tmp_path, data_root, tmp_path_factory):
     """tiny training as 2 processes (gloo), started as torchrun would and in step; yields them
@@ -504,16 +496,8 @@ def test_messages_that_named_the_wrong_cause(tmp_path, data_root, monkeypatch, c
                                  "output folder")
 
 
-def test_show_attention_names_the_file_it_wrote(tmp_path, data_root, capsys):
-    pytest.importorskip("matplotlib")
-    assert train.main(args(tmp_path / "run", data_root)) == 0
-    argv = ["--ckpt", str(tmp_path / "run"), "--prompt", "ROMEO", "--max-new-tokens", "0"]
-    assert sample.main([*argv, "--show-attention", str(tmp_path / "attn")]) == 0
-    assert f"note: wrote {tmp_path / 'attn.png'}" in capsys.readouterr().err and (tmp_path / "attn.png").is_file()
-
-
 def test_empty_values_and_hub_only_options_are_refused_not_ignored(tmp_path, data_root, capsys):
-    for option in ("--config", "--init-from", "--prompt-file", "--show-attention"):
+    for option in ("--config", "--init-from", "--prompt-file"):
         assert "names nothing" in fails(capsys, sample.main, [option, "", "--max-new-tokens", "1"])
     assert "--data-root and --dataset must not be empty" in fails(capsys, train.main, args(tmp_path, "", "--plan"))
     (tmp_path / "a.txt").write_text(SHAKESPEARE[:3000])
