@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import re
+import socket
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -23,13 +24,9 @@ from urllib.parse import urlparse
 
 from configs.errors import UserError, first_line
 
-from .tokenizer import host_reachable
-
 FORMATS = {".txt": "text", ".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # the single-file compressions datasets reads, through fsspec
 _ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that UTF-8 cannot decode, as surrogateescape keeps them
-_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
-         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # UTF-32 LE's starts with UTF-16 LE's
 
 
 @dataclass
@@ -48,12 +45,12 @@ def hash_files(paths: Iterable[Path]) -> str:
     h, bad = hashlib.sha256(), Counter[str]()  # bytes read as U+FFFD, per file
     for p in paths:
         decode = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode
-        check = p.suffix.lower() == ".txt" and text_encoding(p).startswith("utf-8")
+        check = p.suffix.lower() == ".txt"
         with open(p, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
                 if check and b"\0" in block:
-                    raise UserError(f"{p} has NUL bytes: binary, not text (or UTF-16 without a byte-order mark); "
+                    raise UserError(f"{p} has NUL bytes: binary, not text (or UTF-16: save it as UTF-8); "
                                     "take it out of the corpus")
                 bad[str(p)] += len(_ESCAPED.findall(decode(block))) if check else 0
         bad[str(p)] += len(_ESCAPED.findall(decode(b"", final=True)))  # a sequence cut off at the end
@@ -69,18 +66,6 @@ def split_name(path: Path) -> tuple[str, str]:
     compression = next((c for c in COMPRESSIONS if path.name.lower().endswith(c)), "")
     stem, ext = os.path.splitext(path.name[: len(path.name) - len(compression)])
     return stem, ext.lower()
-
-
-def text_encoding(path: Path) -> str:
-    """A text file's encoding: its byte-order mark's, else UTF-16 when most character pairs have a zero high
-    byte (Latin text, since UTF-8 text has no zero bytes), else UTF-8. Compressed files are taken for UTF-8."""
-    if "".join(split_name(path)) != path.name:
-        return "utf-8"
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)  # 64 KiB tell as much as the whole file
-    even, odd = head[0::2].count(0), head[1::2].count(0)
-    return next((encoding for bom, encoding in _BOMS if head.startswith(bom)), None) or (
-        "utf-16-le" if odd > len(head) // 4 > even else "utf-16-be" if even > len(head) // 4 > odd else "utf-8")
 
 
 @contextlib.contextmanager
@@ -121,16 +106,12 @@ def _column_texts(ds: Any, column: str, where: str) -> Iterator[str]:
             yield value
 
 
-def _read_texts(paths: list[Path], where: str) -> Iterator[str]:
-    """Each text file as one document, in the encoding text_encoding finds."""
-    for path in paths:
-        if not (encoding := text_encoding(path)).startswith("utf-8"):
-            print(f"note: {path} is {encoding.upper()} text, not UTF-8; decoding it as {encoding.upper()}",
-                  file=sys.stderr)
-        with _reading(where, "check the file", offline=True) as datasets:
-            ds = datasets.load_dataset("text", data_files=[str(path)], split="train", streaming=True,
-                                       encoding=encoding, sample_by="document", encoding_errors="replace")
-        yield from _column_texts(ds, "text", where)
+def _local_files(builder: str, files: list[Path], column: str, where: str) -> Iterator[str]:
+    """The documents of local files of one format, streamed. A .txt file is one document, read as UTF-8."""
+    text = {"encoding": "utf-8-sig", "encoding_errors": "replace", "sample_by": "document"} if builder == "text" else {}
+    with _reading(where, "check the files' format", offline=True) as datasets:
+        ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", streaming=True, **text)
+    return _column_texts(ds, column, where)
 
 
 def text_source(path: str | os.PathLike) -> Source:
@@ -147,10 +128,11 @@ def text_source(path: str | os.PathLike) -> Source:
     where = f"{'corpus' if single else 'folder'} {path}"
     description = {"kind": "text", "path": str(path)} if single else {
         "kind": "text_folder", "path": str(path), "files": len(files)}
-    return Source(where, description, lambda: _read_texts(files, where), hash_files(files), len(files), single)
+    return Source(where, description, lambda: _local_files("text", files, "text", where), hash_files(files),
+                  len(files), single)
 
 
-def files_source(paths: Iterable[str | os.PathLike], text_column: str = "text") -> Source:
+def files_source(paths: Iterable[str | os.PathLike], text_column: str) -> Source:
     """Local .txt (one document per file), parquet, jsonl/json or csv files, maybe compressed."""
     files = [Path(p) for p in paths]
     if p := next((p for p in files if not p.is_file()), None):
@@ -166,20 +148,13 @@ def files_source(paths: Iterable[str | os.PathLike], text_column: str = "text") 
     if builder == "text" and text_column != "text":
         raise UserError("--text-column: .txt files have no columns (each file is one document); drop it")
     where = str(files[0]) if len(files) == 1 else f"{len(files)} {builder} files"
-
-    def documents() -> Iterator[str]:
-        if builder == "text":
-            return _read_texts(files, where)
-        with _reading(where, "check the files' format", offline=True) as datasets:
-            ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", streaming=True)
-        return _column_texts(ds, text_column, where)
-
     return Source(where, {"kind": "files", "format": builder, "paths": [str(p) for p in files],
-                          "text_column": text_column}, documents, hash_files(files))
+                          "text_column": text_column}, lambda: _local_files(builder, files, text_column, where),
+                  hash_files(files))
 
 
-def dataset_source(name: str, subset: str | None = None, split: str = "train", text_column: str = "text",
-                   streaming: bool = False, revision: str | None = None) -> Source:
+def dataset_source(name: str, subset: str | None, split: str, text_column: str, streaming: bool,
+                   revision: str | None) -> Source:
     """A dataset directory on disk (data files, or `save_to_disk` output), else a Hugging Face hub dataset, which
     asks the network only when it is not cached."""
     path, common = Path(name), {"subset": subset, "split": split, "text_column": text_column}
@@ -203,6 +178,14 @@ def _local_dataset(where: str, path: Path, subset: str | None, split: str) -> An
     if isinstance(ds, dict) and split not in ds:  # a DatasetDict, one Dataset per split
         raise UserError(f"{where} has no split {split!r} (splits: {', '.join(ds)}); pick one with --split")
     return ds[split] if isinstance(ds, dict) else ds
+
+
+def host_reachable(host: str, port: int = 443) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=3.0):
+            return True
+    except OSError:
+        return False
 
 
 def _hub_dataset(where: str, name: str, subset: str | None, split: str, revision: str | None, streaming: bool) -> Any:
