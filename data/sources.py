@@ -32,6 +32,7 @@ _ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that UTF-8 cannot decode, as s
 @dataclass
 class Source:
     label: str  # what messages call it, e.g. "corpus corpus.txt" or "hub dataset 'x'"
+    stem: str  # the dataset's default name, e.g. "corpus" for corpus.txt
     description: dict[str, Any]  # JSON-safe, recorded in the manifest
     documents: Callable[[], Iterator[str]]  # a fresh pass over the documents on each call
     sha256: str | None = None  # of the raw bytes, for local sources
@@ -128,8 +129,8 @@ def text_source(path: str | os.PathLike) -> Source:
     where = f"{'corpus' if single else 'folder'} {path}"
     description = {"kind": "text", "path": str(path)} if single else {
         "kind": "text_folder", "path": str(path), "files": len(files)}
-    return Source(where, description, lambda: _local_files("text", files, "text", where), hash_files(files),
-                  len(files), single)
+    return Source(where, split_name(path)[0] if single else path.resolve().name, description,
+                  lambda: _local_files("text", files, "text", where), hash_files(files), len(files), single)
 
 
 def files_source(paths: Iterable[str | os.PathLike], text_column: str) -> Source:
@@ -148,8 +149,8 @@ def files_source(paths: Iterable[str | os.PathLike], text_column: str) -> Source
     if builder == "text" and text_column != "text":
         raise UserError("--text-column: .txt files have no columns (each file is one document); drop it")
     where = str(files[0]) if len(files) == 1 else f"{len(files)} {builder} files"
-    return Source(where, {"kind": "files", "format": builder, "paths": [str(p) for p in files],
-                          "text_column": text_column}, lambda: _local_files(builder, files, text_column, where),
+    description = {"kind": "files", "format": builder, "paths": [str(p) for p in files], "text_column": text_column}
+    return Source(where, split_name(files[0])[0], description, lambda: _local_files(builder, files, text_column, where),
                   hash_files(files))
 
 
@@ -158,14 +159,21 @@ def dataset_source(name: str, subset: str | None, split: str, text_column: str, 
     """A dataset directory on disk (data files, or `save_to_disk` output), else a Hugging Face hub dataset, which
     asks the network only when it is not cached."""
     path, common = Path(name), {"subset": subset, "split": split, "text_column": text_column}
+    if path.is_file():  # else it would be taken for a hub id, with advice to download it
+        raise UserError(f"--hf {name} is a file; --hf takes a dataset directory or hub id: give a text file to "
+                        "--text, a parquet, jsonl, json or csv file to --files")
+    if path.is_dir() and (local := [f for f, v in (("--revision", revision), ("--streaming", streaming)) if v]):
+        raise UserError(f"{', '.join(local)}: for hub datasets; {name} is a local folder, read as it is; "
+                        f"drop {'them' if len(local) > 1 else 'it'}")
+    stem = (path.resolve().name if path.is_dir() else name.replace("/", "_")) + f"_{subset}" * bool(subset)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts)
         where = f"dataset directory {path}"
-        return Source(where, {"kind": "dataset_dir", "path": str(path), **common},
+        return Source(where, stem, {"kind": "dataset_dir", "path": str(path), **common},
                       lambda: _column_texts(_local_dataset(where, path, subset, split), text_column, where),
                       hash_files(files))
     where = f"hub dataset {name!r}" + (f" ({subset})" if subset else "")
-    return Source(where, {"kind": "hub", "name": name, **common, "revision": revision, "streaming": streaming},
+    return Source(where, stem, {"kind": "hub", "name": name, **common, "revision": revision, "streaming": streaming},
                   lambda: _column_texts(_hub_dataset(where, name, subset, split, revision, streaming),
                                         text_column, where))
 

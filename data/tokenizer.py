@@ -130,27 +130,26 @@ def save_hf_tokenizer(tok: Tokenizer, folder: str | Path, model_max_length: int)
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
-    files = _bundled_gpt2_files() if tok.name == "gpt2" else None  # there, since tok was built from them
-    if files is not None:
-        hf = HFTokenizer(models.BPE.from_file(str(files[1]), str(files[0])))
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if tok.name == "gpt2":
+        vocab_bpe, encoder_json = _bundled_gpt2_files()  # type: ignore[misc]  # there: tok was built from them
+        hf = HFTokenizer(models.BPE.from_file(str(encoder_json), str(vocab_bpe)))
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         hf.decoder = decoders.ByteLevel()
         hf.add_special_tokens([GPT2_EOT])
         specials = dict.fromkeys(("bos_token", "eos_token", "unk_token"), GPT2_EOT)
+        shutil.copyfile(encoder_json, folder / "vocab.json")
+        shutil.copyfile(vocab_bpe, folder / "merges.txt")
     else:
         hf = HFTokenizer(models.WordLevel({c: i for i, c in enumerate(tok.chars)}, unk_token="[UNK]"))
         hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")  # each character is a token
         hf.decoder = decoders.Fuse()  # joins tokens as they are, without spaces between
         specials = {}
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     hf.save(str(folder / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
               "clean_up_tokenization_spaces": False, **specials}  # cleaning would change decoded text
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if files is not None:
-        shutil.copyfile(files[1], folder / "vocab.json")
-        shutil.copyfile(files[0], folder / "merges.txt")
 
 
 def get_tokenizer(name: str, text: str | None = None, chars: Sequence[str] | None = None) -> Tokenizer:
