@@ -1,21 +1,17 @@
 """Where corpus text comes from: a ``Source`` per kind, each read by `datasets`.
 
 Local sources are hashed up front, so that a prepared dataset is cheap to check, and streamed, so that nothing
-is copied into the datasets cache. Bytes that are not UTF-8 become U+FFFD with a note: a few of them in a
-large scraped corpus are no reason to refuse it.
+is copied into the datasets cache. Text files are read as UTF-8; bytes that are not UTF-8 become U+FFFD, since
+a few of them in a large scraped corpus are no reason to refuse it.
 """
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import hashlib
 import logging
 import os
-import re
 import socket
-import sys
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +22,6 @@ from configs.errors import UserError, first_line
 
 FORMATS = {".txt": "text", ".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # the single-file compressions datasets reads, through fsspec
-_ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that UTF-8 cannot decode, as surrogateescape keeps them
 
 
 @dataclass
@@ -41,24 +36,15 @@ class Source:
 
 
 def hash_files(paths: Iterable[Path]) -> str:
-    """The sha256 of the files' bytes. UTF-8 .txt files are checked on the way: NUL bytes are refused, and bytes
-    that do not decode are counted in one note."""
-    h, bad = hashlib.sha256(), Counter[str]()  # bytes read as U+FFFD, per file
+    """The sha256 of the files' bytes. A .txt file with NUL bytes is refused: binary, or UTF-16, is not text."""
+    h = hashlib.sha256()
     for p in paths:
-        decode = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode
-        check = p.suffix.lower() == ".txt"
         with open(p, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
-                if check and b"\0" in block:
+                if b"\0" in block and p.suffix.lower() == ".txt":
                     raise UserError(f"{p} has NUL bytes: binary, not text (or UTF-16: save it as UTF-8); "
                                     "take it out of the corpus")
-                bad[str(p)] += len(_ESCAPED.findall(decode(block))) if check else 0
-        bad[str(p)] += len(_ESCAPED.findall(decode(b"", final=True)))  # a sequence cut off at the end
-    if bad := +bad:  # the unary + drops the files without any
-        names = ", ".join(list(bad)[:3]) + (", ..." if len(bad) > 3 else "")
-        print(f"note: {len(bad)} file(s) not valid UTF-8 ({names}): {sum(bad.values()):,} undecodable bytes "
-              "read as U+FFFD", file=sys.stderr)
     return h.hexdigest()
 
 
