@@ -178,7 +178,8 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
         for doc in tqdm(source.documents(), desc=f"{out_dir.name}: char vocabulary", **opts):
             chars.update(doc)
     tok = get_tokenizer(tok_name, chars=sorted(chars) if tok_name == "char" else None)
-    hasher, stream = hashlib.sha256(), out_dir / "stream.tmp"
+    # documents() before the bar opens, so that a hub that cannot be reached is one line of error, not a bar
+    hasher, documents, stream = hashlib.sha256(), source.documents(), out_dir / "stream.tmp"
 
     def hashed(doc: str) -> str:
         hasher.update(doc.encode("utf-8", "surrogatepass") + b"\x1e")
@@ -186,7 +187,7 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
         return doc
 
     with tqdm(desc=f"{out_dir.name}: tokenizing", **opts) as bar:  # an empty document would add only a separator
-        batches = _batches(map(hashed, filter(str.strip, source.documents())), _BATCH_DOCS, _BATCH_CHARS)
+        batches = _batches(map(hashed, filter(str.strip, documents)), _BATCH_DOCS, _BATCH_CHARS)
         write_tokens(stream, (_encode(tok, batch, True, num_proc) for batch in batches), tok.vocab_size)
     tokens = read_tokens(stream)
     if len(tokens) == 0:
