@@ -121,8 +121,6 @@ def record(run: Run, losses: dict[str, float], saved: bool) -> None:
     run.log.plot(force=False)
     tqdm.write(f"step {run.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}"
                f"{' (best)' if improved else ''}{', saved' if saving or saved else ''}")
-    if run.log.reference and (note := run.log.reference.check(run.step, losses["val_loss"])):  # outside the seeds' band
-        tqdm.write(note)
 
 
 def schedule_progress(step: int, cfg: TrainConfig, budget: TimeBudget | None) -> float:

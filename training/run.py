@@ -31,7 +31,6 @@ from model.hf import load_pretrained, pretrained_manifest
 from model.kv_cache import generate
 from training.optim import configure_optimizer
 from training.plan import auto_batch_size, check_fits
-from training.reference import Reference
 from training.runlog import RunLog
 from training.budget import exit_code
 from training.runtime import Runtime, attention_kernel, capture_rng_state, restore_rng_state, trainable
@@ -245,8 +244,7 @@ class Run:
             self.best_val, self.wandb_id = ckpt["best_val"], ckpt.get("wandb_id")
         example = torch.zeros(2, cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
         self.train_model: torch.nn.Module | None = trainable(model, rt, tuple(example))  # Compiled, DDP-wrapped.
-        self.log = RunLog(self.run_dir, started, resume_step=self.step if resumed else None,
-                          reference=Reference.matching(self.settings, rt.world_size)) if rt.is_master else None
+        self.log = RunLog(self.run_dir, started, resume_step=self.step if resumed else None) if rt.is_master else None
         if resumed:
             self.last_eval = next((r for r in (self.log.records if self.log else [])
                                    if r["step"] == self.step and "val_loss" in r), {"step": self.step})
