@@ -1,6 +1,4 @@
-"""Memory and time of a run before it starts: the fit check, --batch-size auto and train.py --plan.
-
-    python train.py --config gpt2 --plan --gpu a100-40gb --n-layer 24 --n-embd 1024 --n-head 16
+"""A run's peak memory before it starts: the fit check and --batch-size auto.
 
 docs/planning.md explains each term of the estimate and how it was checked against measured peaks.
 """
@@ -23,12 +21,10 @@ from configs.errors import UserError, first_line
 from configs.model import GPTConfig
 from model.gpt import GPT
 from training.optim import Muon, configure_optimizer
-from training.runtime import GPUS
 
 F32 = 4  # bytes of a float32: parameters, gradients, optimizer state, the residual stream
 GiB = 2**30
 USABLE = 0.9  # the share of a GPU's memory to plan on: the CUDA context and the allocator's fragments take the rest
-DEFAULT_MFU = 0.3  # what nanoGPT's GPT-2 runs reach; tiny models reach far less (docs/planning.md)
 ADVICE = "use --batch-size auto, a smaller --block-size or a smaller model"
 
 
@@ -168,7 +164,7 @@ def check_fits(cfg: TrainConfig, mc: GPTConfig, rt: Any) -> None:
     est = Estimate.of(meta_model(mc), cfg, rt.dtype != torch.float32, rt.world_size)
     need = est.memory(cfg.batch_size or 1)["total"]  # --batch-size auto: its smallest choice
     if need > free:
-        raise UserError(f"this run needs about {need / GiB:.1f} GiB (the plan: --plan) but the {rt.device} has "
+        raise UserError(f"this run needs about {need / GiB:.1f} GiB but the {rt.device} has "
                         f"{free / GiB:.1f} GiB available; {ADVICE}")
 
 
@@ -209,52 +205,3 @@ def auto_batch_size(cfg: TrainConfig, model: GPT, rt: Any) -> TrainConfig:
               + (f"; {bigger} would need {est.memory(bigger)['total'] / GiB:.2f} GiB" if bigger else ""))
     return replace(cfg, batch_size=fit)
 
-
-def gpu_spec(name: str) -> tuple[str, int, float]:
-    """(label, memory bytes, dense bf16 FLOP/s) for --gpu NAME: a runtime.GPUS name in any case, "RTX " optional
-    (h100, a100, 4090), with another memory size as in a100-40gb."""
-    short = {k: k.lower().removeprefix("rtx ") for k in GPUS}
-    match = re.fullmatch(r"(?:rtx)?(.+?)(?:-(\d+)gb)?", name.lower().replace(" ", ""))
-    key = next((k for k, s in short.items() if match and match[1] == s), None)
-    if key is None:
-        raise UserError(f"--gpu {name!r} is not in the table; choose one of {', '.join(short.values())} "
-                        "(a100-40gb: another size)")
-    flops, gb = GPUS[key][0], int(match[2] or GPUS[key][1])
-    return f"{key} {gb}GB", gb * GiB, flops
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("days", 86400), ("h", 3600), ("min", 60), ("s", 1)):
-        if seconds >= 2 * size:
-            return f"{seconds / size:.1f} {unit}"
-    return f"{seconds * 1e3:.1f} ms"
-
-
-def plan_report(cfg: TrainConfig, vocab_size: int, gpu: str, nproc: int, mfu: float) -> str:
-    """What train.py --plan prints: the size, compute, memory per GPU and time of cfg on nproc x gpu."""
-    label, capacity, peak = gpu_spec(gpu)
-    model, T, budget = meta_model(cfg.model_config(vocab_size)), cfg.block_size, USABLE * capacity
-    est, share = Estimate.of(model, cfg, cfg.dtype != "float32", nproc), sequences_per_step(cfg, nproc)
-    fit, keep = est.largest_batch(budget), est.largest_batch(budget, divides=share)
-    B = cfg.batch_size or keep or 1  # auto: what it would pick
-    mem, tokens, flops = est.memory(B), share * T * nproc, model.flops_per_token(T)
-    unit, unit_name = (GiB, "GiB") if mem["total"] >= GiB else (2**20, "MiB")
-    embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
-    step = flops * tokens / (nproc * peak * mfu)
-    fits = (f"up to micro-batch {fit}; keeping {tokens:,} tokens/step: {keep} x {share // keep} accumulation" if fit
-            else f"nothing: one sequence needs {est.memory(1)['total'] / GiB:.1f} GiB")
-    return "\n".join([
-        f"plan for {cfg.name} on {nproc} x {label} ({peak / 1e12:.0f} TFLOP/s dense bf16); estimates only",
-        f"parameters    {est.params:,} = {embedding:,} embedding + {est.params - embedding:,} other",
-        f"FLOPs         {flops / 1e6:,.1f} MFLOP per token (6 per matmul weight + attention: MFU's count)",
-        f"batch         {tokens:,} tokens/step = {B} sequences x {T} tokens x {nproc} "
-        f"process{'es' if nproc > 1 else ''} x {share // B} accumulation",
-        f"memory per GPU in {unit_name}: {'bf16 autocast' if est.low_precision else 'float32'}, "
-        f"{est.config.attention} attention, {'compiled' if est.compiled else 'eager'}",
-        *(f"  {k:<24}{v / unit:8.2f}" for k, v in mem.items() if v and k != "total"),
-        f"  {'peak':<24}{mem['total'] / unit:8.2f}  of {budget / unit:,.1f} usable ({USABLE:.0%} of "
-        f"{capacity / GiB:.0f} GiB): {'fits' if mem['total'] <= budget else 'does NOT fit'}",
-        f"fits          {fits}",
-        f"time          {_duration(step)}/step, {tokens / step:,.0f} tokens/s; max_iters {cfg.max_iters:,} = "
-        f"{_duration(step * cfg.max_iters)} at {mfu:.0%} MFU (--mfu to change)",
-    ])

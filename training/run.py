@@ -117,14 +117,6 @@ def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     return {**losses, "stopped": "eval_only"}
 
 
-def vocab_size(cfg: TrainConfig) -> int:
-    """cfg's vocab_size, else its dataset's (a preset is prepared first, as training would): for --plan."""
-    try:
-        return cfg.vocab_size or read_dataset_manifest(dataset_dir(cfg.dataset, cfg.data_root))["vocab_size"]
-    except UserError as e:
-        raise UserError(f"{e}; or plan without the data by giving --vocab-size") from None
-
-
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime) -> dict[str, float]:
     """Mean loss per token on fixed batches: the first eval_iters batches of each split; with
@@ -333,7 +325,7 @@ def say_if_long(run: Run) -> None:
     seconds = min(step * (cfg.max_iters - run.step), cfg.max_time or math.inf)
     if seconds > 3600:  # A run over an hour is one a user should choose knowingly.
         print(f"note: this run would take about {seconds / 3600:.0f} h on this CPU ({step:.1f} s a step); {cfg.name} "
-              "is sized for a GPU (train.py --plan shows its time there); on a CPU use --config small, or set "
+              "is sized for a GPU; on a CPU use --config small, or set "
               "--max-time", file=sys.stderr)
 
 

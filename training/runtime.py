@@ -23,12 +23,11 @@ import torch
 
 from configs.errors import UserError, first_line
 
-# Dense bf16 peak FLOP/s from datasheets (MFU is against it even in float32) and GB as sold, by a substring of
-# the device name. CPU, MPS and unknown GPUs get no MFU, because a guess would mislead.
-GPUS = {"H200": (989e12, 141), "H100": (989e12, 80), "GH200": (989e12, 96), "A100": (312e12, 80),
-        "A800": (312e12, 80), "L40S": (362e12, 48), "L40": (181e12, 48), "A6000": (155e12, 48), "A10": (125e12, 24),
-        "L4": (121e12, 24), "RTX 4090": (165e12, 24), "RTX 3090": (71e12, 24), "V100": (125e12, 32), "T4": (65e12, 16)}
-PEAK_FLOPS, GPU_MEMORY_GB = ({name: spec[i] for name, spec in GPUS.items()} for i in (0, 1))
+# Dense bf16 peak FLOP/s from datasheets (MFU is against it even in float32), by a substring of the device name.
+# CPU, MPS and unknown GPUs get no MFU, because a guess would mislead.
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "A800": 312e12, "L40S": 362e12,
+              "L40": 181e12, "A6000": 155e12, "A10": 125e12, "L4": 121e12, "RTX 4090": 165e12, "RTX 3090": 71e12,
+              "V100": 125e12, "T4": 65e12}
 
 
 @dataclass(frozen=True)
