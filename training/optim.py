@@ -1,7 +1,6 @@
-"""Optimizers and the learning-rate schedule for --optimizer adamw or muon.
+"""Optimizers and the learning-rate schedule for --optimizer adamw or muon (docs/performance.md).
 
-AdamW decays matrices only. With muon, Muon updates the blocks' matrices, so that every direction of a matrix
-learns at the same rate (docs/performance.md), AdamW the rest, and every matrix gets decoupled weight decay."""
+AdamW decays matrices only. With muon, Muon updates the blocks' matrices, AdamW the rest."""
 
 from __future__ import annotations
 
@@ -36,8 +35,6 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
                                       weight_decay=weight_decay))
         self.ns_dtype = ns_dtype
-        if bad := [p for group in self.param_groups for p in group["params"] if p.dim() != 2]:
-            raise ValueError(f"Muon takes 2-D weights only, got shape {tuple(bad[0].shape)}")
 
     @torch.no_grad()
     def step(self, closure=None) -> None:
@@ -86,8 +83,7 @@ class Chain:
         return {"chain": [opt.state_dict() for opt in self.optimizers]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the optimizers' state but keep this run's hyperparameters: torch's would bring back the saved
-        ones, silently ignoring a changed --lr or --weight-decay on --resume."""
+        """Restore the optimizers' state but keep this run's hyperparameters (a changed --lr on --resume)."""
         for opt, s in zip(self.optimizers, state["chain"], strict=True):
             configured = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
             opt.load_state_dict(s)
@@ -96,8 +92,8 @@ class Chain:
 
 
 def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool, dtype: torch.dtype = torch.float32) -> Chain:
-    """The optimizer for cfg.optimizer, each param group's peak rate kept as "base_lr" for set_lr. `fused` picks
-    AdamW's one-kernel step; `dtype` is the run's compute dtype, which Muon's Newton-Schulz uses too."""
+    """The optimizer for cfg.optimizer, each group's peak rate kept as "base_lr" for set_lr. `fused` picks AdamW's
+    one-kernel step; `dtype` is the run's compute dtype, for Muon's Newton-Schulz."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights once
     hidden = [p for n, p in named if cfg.optimizer == "muon" and p.dim() == 2 and ".h." in n]
     rest = [p for n, p in named if not any(p is q for q in hidden)]
@@ -115,8 +111,8 @@ def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool, dtype:
 
 
 def lr_multiplier(step: int, progress: float, cfg: Any) -> float:
-    """The fraction of the peak learning rate at step `step` (0-based): a linear warmup, then cfg.lr_schedule by
-    `progress`, the share of the run done (by steps, or by --max-time's clock if that is further along)."""
+    """The fraction of the peak learning rate at 0-based `step`: a linear warmup, then cfg.lr_schedule by
+    `progress`, the share of the run done."""
     if step < cfg.warmup_iters:
         return (step + 1) / (cfg.warmup_iters + 1)
     if cfg.lr_schedule == "constant":

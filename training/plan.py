@@ -1,7 +1,4 @@
-"""A run's peak memory before it starts: the fit check and --batch-size auto.
-
-docs/planning.md explains each term of the estimate and how it was checked against measured peaks.
-"""
+"""A run's peak memory before it starts, for the fit check and --batch-size auto (docs/planning.md)."""
 
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ def meta_model(mc: GPTConfig) -> GPT:
 
 
 def activation_bytes(mc: GPTConfig, batch: int, seq: int, low_precision: bool, compiled: bool) -> int:
-    """The bytes at the peak that grow with the batch: what each layer saves for the backward, plus the
-    backward's largest transient."""
+    """The peak's bytes that grow with the batch: what each layer saves for the backward, and its largest transient."""
     a = 2 if low_precision else F32
     copy = a if low_precision else 0  # autocast's low-precision copy of an fp32 tensor
     C, H, V, nh = mc.n_embd, mc.mlp_ratio * mc.n_embd, mc.vocab_size, mc.n_head
@@ -99,8 +95,7 @@ class Estimate:
 
     def memory(self, batch: int) -> dict[str, int]:
         """Peak bytes per process by part. The "total" is what lives throughout (gradients too, as from the second
-        micro-step on) plus the largest of the activations with the autocast copies, the compiled backward and
-        Muon's step, since the last two come after the activations are freed."""
+        micro-step on) plus the largest of: activations with autocast copies, the compiled backward, Muon's step."""
         mc, low = self.config, self.low_precision
         a, VC = (2 if low else F32), mc.vocab_size * mc.n_embd
         parts = {
@@ -122,8 +117,7 @@ class Estimate:
         return parts
 
     def largest_batch(self, budget: float, divides: int = 0) -> int:
-        """The largest micro-batch whose peak fits in budget bytes (0 if none). With divides, the largest divisor
-        of `divides` up to that, so that gradient accumulation keeps the global batch."""
+        """The largest micro-batch whose peak fits in budget bytes (0 if none), and with divides, that divides it."""
         over = 1  # memory grows with the batch: double past the budget, then bisect
         while self.memory(over)["total"] <= budget:
             over *= 2
@@ -155,8 +149,8 @@ def least_free(rt: Any) -> float:
 
 
 def check_fits(cfg: TrainConfig, mc: GPTConfig, rt: Any) -> None:
-    """Refuse a run whose estimated peak exceeds the free memory before the model is built, since its masks alone
-    take block_size^2 bytes a layer: otherwise the kernel kills it unannounced, or CUDA fails."""
+    """Refuse a run whose estimated peak exceeds the free memory, before the model's masks take block_size^2 bytes
+    a layer: otherwise the kernel kills it unannounced, or CUDA fails."""
     try:
         free = math.inf if rt.device == "mps" else least_free(rt)
     except (OSError, ValueError):  # neither MemAvailable nor sysconf's page count
@@ -169,8 +163,7 @@ def check_fits(cfg: TrainConfig, mc: GPTConfig, rt: Any) -> None:
 
 
 def out_of_memory(e: BaseException, device: str, ckpt: Path | None = None) -> UserError | None:
-    """The one line for an allocation that failed anyway, or None for any other error, which keeps its traceback.
-    Saves are atomic, so a checkpoint on disk is whole."""
+    """The one line for an allocation that failed anyway, or None for any other error, which keeps its traceback."""
     # the CPU allocator's error (torch 2.13) is a plain RuntimeError: only its text tells it apart
     if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "DefaultCPUAllocator: can't allocate memory" in str(e):
         return UserError(f"out of memory on {device} ({first_line(e)}); {ADVICE}"
@@ -178,19 +171,13 @@ def out_of_memory(e: BaseException, device: str, ckpt: Path | None = None) -> Us
     return None
 
 
-def sequences_per_step(cfg: TrainConfig, nproc: int) -> int:
-    """The sequences each process handles per optimizer step (micro-batch x accumulation)."""
-    if not cfg.batch_size and not cfg.tokens_per_step:
-        raise UserError("--batch-size auto keeps --tokens-per-step by gradient accumulation: give it too "
-                        f"(e.g. --tokens-per-step {64 * cfg.block_size * nproc})")
-    batch = cfg.batch_size or 1  # auto: any micro-batch that divides the share will do
-    return batch * replace(cfg, batch_size=batch).accumulation(nproc)
-
-
 def auto_batch_size(cfg: TrainConfig, model: GPT, rt: Any) -> TrainConfig:
     """--batch-size auto (batch_size 0): the largest micro-batch that fits USABLE of the free memory and divides
     this process's share of tokens_per_step. It prints what it chose and why."""
-    share, free = sequences_per_step(cfg, rt.world_size), least_free(rt)
+    if not cfg.tokens_per_step:
+        raise UserError("--batch-size auto keeps --tokens-per-step by gradient accumulation: give it too "
+                        f"(e.g. --tokens-per-step {64 * cfg.block_size * rt.world_size})")
+    share, free = replace(cfg, batch_size=1).accumulation(rt.world_size), least_free(rt)
     est = Estimate.of(model, cfg, rt.dtype != torch.float32, rt.world_size)
     fit = est.largest_batch(USABLE * free, divides=share)
     why = f"{free / GiB:.1f} GiB free on {rt.device}, planning on {USABLE:.0%}"

@@ -16,8 +16,7 @@ from data.files import atomic_write, write_errors
 
 
 def _reason(e: Exception) -> str:
-    """wandb's error in a line. A settings error (pydantic's, for a misspelt WANDB_MODE) holds it in errors(),
-    whose text only counts them; any other error's first line says it."""
+    """wandb's error in a line: a settings error (pydantic's, for a misspelt WANDB_MODE) holds it in errors()."""
     try:
         return "; ".join(f"{d['loc'][0]}={d['input']!r}: {d['msg']}" for d in e.errors()) or first_line(e)
     except Exception:  # no errors(), or not pydantic's shape: this message must not fail itself
@@ -87,7 +86,6 @@ class RunLog:
     def log_sample(self, step: int, text: str) -> None:
         if self.wandb is not None and step >= self.wandb_from:
             import wandb
-
             self.samples.append([step, text])  # the whole table each time: wandb tables are immutable
             with self._wandb_may_fail():
                 self.wandb.log({"samples": wandb.Table(columns=["step", "text"], data=self.samples)}, step=step)
@@ -120,13 +118,11 @@ class RunLog:
     def _plot(self) -> None:
         try:
             import matplotlib
-
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError:
             print("note: matplotlib is not installed, skipping loss.png (pip install matplotlib)")
             return
-
         fig, ax = plt.subplots(figsize=(7, 4.5))
         ax.plot(*self._series("loss"), color="tab:blue", alpha=0.35, lw=1, label="train (running)")
         ax.plot(*self._series("train_loss"), "o-", color="tab:blue", ms=3, label="train (eval)")

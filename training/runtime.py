@@ -214,8 +214,7 @@ def cpu_times(cpus: set[int]) -> tuple[float, float]:
     """The busy seconds of `cpus` since boot, from /proc/stat, and this process's CPU seconds."""
     with open("/proc/stat") as f:
         rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
-    # the columns are user, nice, system, idle, iowait, irq, softirq, steal: all but idle and iowait are busy
-    busy = sum(int(n) for row in rows if int(row[0][3:]) in cpus for n in row[1:4] + row[6:9])
+    busy = sum(int(n) for row in rows if int(row[0][3:]) in cpus for n in row[1:4] + row[6:9])  # not idle, iowait
     return busy / os.sysconf("SC_CLK_TCK"), time.process_time()
 
 
@@ -254,8 +253,7 @@ class CpuThreads:
 
 
 def torchrun_environment() -> tuple[int, int, int]:
-    """(rank, local_rank, world_size) as torchrun set them, or (0, 0, 1) for a process of its own. Some of them
-    without the others are left over in a cluster shell, not a launch, and one error line names them."""
+    """(rank, local_rank, world_size) as torchrun set them, or (0, 0, 1); a partial set is one error line."""
     names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     given = {name: os.environ[name] for name in names if name in os.environ}
     if not given:
@@ -272,8 +270,8 @@ def torchrun_environment() -> tuple[int, int, int]:
 
 def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: int | None = 1337,
           training: bool = True) -> Runtime:
-    """Decide device, precision and compilation, seed the RNGs (seed + rank, so dropout masks differ) and join
-    the process group under torchrun. `cfg` (a TrainConfig) gives the options, else the keywords do."""
+    """Decide device, precision and compilation, seed the RNGs (seed + rank) and join torchrun's process group.
+    `cfg` (a TrainConfig) gives the options, else the keywords do."""
     compile, ddp_timeout = False, 600.0
     if cfg is not None:
         device, dtype, seed, compile, ddp_timeout = cfg.device, cfg.dtype, cfg.seed, cfg.compile, cfg.ddp_timeout
