@@ -111,7 +111,8 @@ def bench_train(args: argparse.Namespace) -> None:
 
 def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Bytes that stay allocated between steps: parameters and optimizer state."""
-    tensors = [*model.parameters(), *(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))]
+    states = [s for opt in getattr(optimizer, "optimizers", [optimizer]) for s in opt.state.values()]  # a Chain's too
+    tensors = [*model.parameters(), *(t for s in states for t in s.values() if torch.is_tensor(t))]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 

@@ -58,8 +58,7 @@ def activation_bytes(mc: GPTConfig, batch: int, seq: int, low_precision: bool, c
     lm_head = 2 * a * V * tokens + (copy + F32) * V * C  # the logits and their gradient, then the weight's
     last_mlp = a * V + 2 * a * H
     last_attention = a * V + (2 * F32 - copy) * scores - (F32 + a) * C - 2 * a * H if explicit else 0
-    # the transient: the loss's backward, lm_head's (a fixed V x C weight gradient that wins at
-    # small batches) or, with a small vocabulary, the last block's
+    # the transient: the loss's backward, lm_head's (a fixed V x C: wins at small batches) or the last block's
     transient = max(tokens * max(loss, last_mlp, last_attention), lm_head)
     return tokens * (mc.n_layer * layer + head) + transient
 
@@ -94,8 +93,7 @@ class Estimate:
                    muon_group=max((shape.numel() * n for shape, n in shapes.items()), default=0))
 
     def memory(self, batch: int) -> dict[str, int]:
-        """Peak bytes per process by part. The "total" is what lives throughout (gradients too, as from the second
-        micro-step on) plus the largest of: activations with autocast copies, the compiled backward, Muon's step."""
+        """Peak bytes per process by part, and their "total": what lives throughout plus the largest of the rest."""
         mc, low = self.config, self.low_precision
         a, VC = (2 if low else F32), mc.vocab_size * mc.n_embd
         parts = {
@@ -149,8 +147,7 @@ def least_free(rt: Any) -> float:
 
 
 def check_fits(cfg: TrainConfig, mc: GPTConfig, rt: Any) -> None:
-    """Refuse a run whose estimated peak exceeds the free memory, before the model's masks take block_size^2 bytes
-    a layer: otherwise the kernel kills it unannounced, or CUDA fails."""
+    """Refuse a run whose estimated peak exceeds the free memory before its masks (block_size^2 bytes a layer) exist."""
     try:
         free = math.inf if rt.device == "mps" else least_free(rt)
     except (OSError, ValueError):  # neither MemAvailable nor sysconf's page count
@@ -172,8 +169,7 @@ def out_of_memory(e: BaseException, device: str, ckpt: Path | None = None) -> Us
 
 
 def auto_batch_size(cfg: TrainConfig, model: GPT, rt: Any) -> TrainConfig:
-    """--batch-size auto (batch_size 0): the largest micro-batch that fits USABLE of the free memory and divides
-    this process's share of tokens_per_step. It prints what it chose and why."""
+    """--batch-size auto: the largest micro-batch that fits and divides this process's share of tokens_per_step."""
     if not cfg.tokens_per_step:
         raise UserError("--batch-size auto keeps --tokens-per-step by gradient accumulation: give it too "
                         f"(e.g. --tokens-per-step {64 * cfg.block_size * rt.world_size})")

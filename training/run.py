@@ -154,8 +154,7 @@ class Data:
 
 @contextlib.contextmanager
 def open_data(cfg: TrainConfig, rt: Runtime) -> Iterator[Data]:
-    """Rank 0 prepares the dataset (a preset on first use; a no-op later). Every rank then holds it (a shared lock,
-    so that no prepare changes it mid-run) and checks that its tokenizer builds and each split holds a block."""
+    """Rank 0 prepares the dataset; every rank then holds it (so that no prepare changes it mid-run) and checks it."""
     with rt.together():
         ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if rt.is_master else None
     ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root, verbose=False)  # Rank 0 has said it.
@@ -204,8 +203,7 @@ def resumed_checkpoint(cfg: TrainConfig, rt: Runtime, data: Data) -> dict[str, A
 
 
 class Run(contextlib.AbstractContextManager):
-    """What the loop works with: the model, this rank's batches, the progress and the log, restored on --resume.
-    Closing it draws loss.png and closes the log."""
+    """What the loop works with (model, batches, progress, log), restored on --resume; closing it draws loss.png."""
 
     def __init__(self, cfg: TrainConfig, rt: Runtime, model: GPT, optimizer: torch.optim.Optimizer, data: Data,
                  ckpt: dict[str, Any] | None, started: float) -> None:
@@ -254,8 +252,7 @@ class Run(contextlib.AbstractContextManager):
 
 
 def final_estimate(run: Run) -> Callable[[float], float]:
-    """--max-time's guess of the final eval, save and plot until one has been timed: a warm eval batch timed now
-    and scaled to the eval, plus the checkpoint's write (a share of a step's time would differ between CPUs)."""
+    """--max-time's guess of the final eval, save and plot until one is timed: an eval batch, scaled, plus a write."""
     cfg = run.cfg
     eval_batch = cfg.eval_batch_size or cfg.batch_size
     for _ in range(2):
@@ -293,8 +290,7 @@ def announce(run: Run, resumed: bool) -> None:
 
 
 def say_if_long(run: Run) -> None:
-    """Before a CPU run that would take over an hour, say so and what to run instead. The micro-batch it times draws
-    no random numbers (eval mode) and leaves no gradients, so the run is the same as without it."""
+    """Before a CPU run that would take over an hour, say so; the micro-batch it times (eval mode) leaves no trace."""
     cfg, rt = run.cfg, run.rt
     x = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
     run.model.eval()
@@ -325,11 +321,10 @@ def save(run: Run) -> None:
     if not (math.isfinite(loss) and torch.stack([p.isfinite().all() for p in run.model.parameters()]).all()):
         raise TrainingDiverged(run, f"the weights diverged at step {run.step} (loss {loss} on a val batch)")
     save_checkpoint(run.run_dir, {
-        "model": run.model.state_dict(), "model_config": asdict(run.model.config),
-        "train_config": run.settings, "optimizer": run.optimizer.state_dict(),
-        "scaler": run.rt.scaler.state_dict(), "step": run.step, "loader": run.loader.state_dict(),
-        "rng": capture_rng_state(), "best_val": run.best_val, "wandb_id": run.wandb_id,
-        "manifest": run.data.manifest})
+        "model": run.model.state_dict(), "model_config": asdict(run.model.config), "train_config": run.settings,
+        "optimizer": run.optimizer.state_dict(), "scaler": run.rt.scaler.state_dict(), "step": run.step,
+        "loader": run.loader.state_dict(), "rng": capture_rng_state(), "best_val": run.best_val,
+        "wandb_id": run.wandb_id, "manifest": run.data.manifest})
     write_json(run.run_dir / "config.json", run.settings)  # --resume reads the settings of this ckpt.pt.
     run.saved_at = run.step
 
@@ -339,8 +334,7 @@ RUN_FILES = (CKPT_NAME, BEST_NAME, "config.json", "manifest.json", "metrics.json
 
 
 def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitStack:
-    """Create run_dir and lock it while the returned stack is open, so a second run on it fails at once; flock
-    locks die with their process (no stale lock after kill -9). A failing `with` block removes what it created."""
+    """Create and lock run_dir (flock: no stale lock after kill -9) until the stack closes; failing undoes creating."""
     import fcntl
     run_dir = Path(run_dir)
     created, lock = _usable_out_dir(run_dir, fresh)

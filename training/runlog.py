@@ -24,8 +24,7 @@ def _reason(e: Exception) -> str:
 
 
 class RunLog:
-    """One run's metrics.jsonl, loss.png and wandb run. On resume, lines past the checkpoint's step are dropped,
-    since the run redoes those steps, and wandb gets exactly the steps it lacks. `started` is a time.time()."""
+    """One run's metrics.jsonl, loss.png and wandb run; a resume drops the lines past its checkpoint's step."""
 
     def __init__(self, out_dir: Path, started: float, resume_step: int | None = None) -> None:
         self.out_dir, self.started = Path(out_dir), started
@@ -116,13 +115,9 @@ class RunLog:
             self.plot_cost = time.time() - self.plotted_at  # for --max-time's reserve
 
     def _plot(self) -> None:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("note: matplotlib is not installed, skipping loss.png (pip install matplotlib)")
-            return
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(7, 4.5))
         ax.plot(*self._series("loss"), color="tab:blue", alpha=0.35, lw=1, label="train (running)")
         ax.plot(*self._series("train_loss"), "o-", color="tab:blue", ms=3, label="train (eval)")
