@@ -76,7 +76,6 @@ RUNS = {
     "python train.py --config small --resume": (None, "resuming at step 2"),
     "python train.py --config small --max-time 60": (None, "checkpoint"),
     "python train.py --config small --max-time 45": (None, "checkpoint"),
-    "python train.py --config small --seed 7 --eval-interval 150": (None, "checkpoint"),
     "python train.py --config small --max-iters 200 --device cpu --lr 1e-3 --no-compile": (None, "checkpoint"),
     "python train.py --config small --eval-only": (None, "perplexity"),
     "python train.py --config small --help": (None, HELP),
