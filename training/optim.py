@@ -1,4 +1,4 @@
-"""Optimizers (AdamW; with --optimizer muon, Muon for the blocks' matrices) and the learning-rate schedule."""
+"""Optimizers (AdamW; Muon for the blocks' matrices under --optimizer muon) and the lr schedule."""
 
 from __future__ import annotations
 
