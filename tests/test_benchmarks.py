@@ -146,19 +146,3 @@ def test_memory(capsys, data_root, command, shrink):
     assert r["n_layer"] == int(shrink[shrink.index("--n-layer") + 1]) and r["vocab_size"] == 65
     assert 0.9 < r["ratio"] < 1.1 and r["measured_mb"] > 0
 
-
-@pytest.mark.parametrize("cpu_bf16, dtype", [("0", "float32"), ("1", "bfloat16")])  # both CPU rows, on any CPU
-def test_reference(capsys, data_root, train_in_process, tmp_path, monkeypatch, cpu_bf16, dtype):
-    from training import reference
-
-    monkeypatch.setattr(reference, "REFERENCE_DIR", tmp_path)  # not the repo's configs/reference
-    monkeypatch.setenv("GPT_CPU_BF16", cpu_bf16)
-    command = "python -m benchmarks reference --config small --seeds 5 --eval-interval 150 --threads 1"
-    shrink = ("--config", "tiny", "--seeds", "2", "--max-iters", "4", "--eval-interval", "2", "--device", "cpu",
-              "--data-root", str(data_root))
-    *seeds, wrote = bench(capsys, command, *shrink)
-    assert [r["seed"] for r in seeds] == [1337, 1338] and wrote["wrote"] == str(tmp_path / "tiny.json")
-    ref = reference.Reference.load(tmp_path / "tiny.json")
-    assert ref.data["command"] == f"{command} {shlex.join(shrink)}" and ref.data["seeds"] == [1337, 1338]
-    assert (ref.data["device"], ref.data["dtype"]) == ("cpu", dtype)
-    assert ref.data["band"]["step"] == [0, 2, 4] and ref.data["final_val_loss"] == wrote["final_val_loss"]
