@@ -81,10 +81,12 @@ def update_copy(work: Path) -> None:
     """Bring WORK up to date: copy the files that changed since it was made, and delete those no longer tracked.
     mutmut then regenerates the mutants of each changed function and forgets their verdicts."""
     names = set(tracked())
-    for path in work.rglob("*"):
-        name = path.relative_to(work).as_posix()
-        if path.is_file() and name.split("/")[0] in {n.split("/")[0] for n in names} and name not in names:
-            path.unlink()
+    tops = {name.split("/")[0] for name in names}
+    for root in (work, work / "mutants"):  # mutmut's own copy too, with its .meta and .spans beside each module
+        for path in root.rglob("*"):
+            name = path.relative_to(root).as_posix().removesuffix(".meta").removesuffix(".spans")
+            if path.is_file() and name.split("/")[0] in tops and name not in names and "__pycache__" not in name:
+                path.unlink()
     for name in names:
         if not (work / name).is_file() or (work / name).read_bytes() != (ROOT / name).read_bytes():
             (work / name).parent.mkdir(parents=True, exist_ok=True)
