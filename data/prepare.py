@@ -23,6 +23,7 @@ start_script(__name__)  # first, so that Ctrl-C during the imports below (numpy,
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import math
 import os
@@ -59,8 +60,7 @@ _SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
 
 def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: str | None, split: str,
              revision: str | None, text_column: str, streaming: bool, tokenizer: str | None) -> tuple[Source, str, str]:
-    """The source, tokenizer name and output name that prepare()'s arguments ask for. An option that the source
-    given would silently ignore is refused."""
+    """The source, tokenizer and output name that prepare()'s arguments ask for; options it would ignore are refused."""
     if len(given := [flag for flag, v in (("--text", text), ("--files", files), ("--hf", hf)) if v]) > 1:
         raise UserError(f"give one source, not {' and '.join(given)}")
     hub = [f for f, v in (("--subset", subset), ("--split", split != "train"), ("--revision", revision),
@@ -178,17 +178,16 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
         for doc in tqdm(source.documents(), desc=f"{out_dir.name}: char vocabulary", **opts):
             chars.update(doc)
     tok = get_tokenizer(tok_name, chars=sorted(chars) if tok_name == "char" else None)
-    # documents() before the bar opens, so that a hub that cannot be reached is one line of error, not a bar
-    hasher, documents, stream = hashlib.sha256(), source.documents(), out_dir / "stream.tmp"
+    hasher, stream = hashlib.sha256(), out_dir / "stream.tmp"
 
-    def hashed(doc: str) -> str:
-        hasher.update(doc.encode("utf-8", "surrogatepass") + b"\x1e")
-        bar.update(1)
-        return doc
+    def encoded(docs: list[str]) -> np.ndarray:
+        hasher.update(("\x1e".join(docs) + "\x1e").encode("utf-8", "surrogatepass"))  # as if document by document
+        return _encode(tok, docs, True, num_proc)
 
-    with tqdm(desc=f"{out_dir.name}: tokenizing", **opts) as bar:  # an empty document would add only a separator
-        batches = _batches(map(hashed, filter(str.strip, documents)), _BATCH_DOCS, _BATCH_CHARS)
-        write_tokens(stream, (_encode(tok, batch, True, num_proc) for batch in batches), tok.vocab_size)
+    # documents() is called before the bar opens, so that a hub that cannot be reached is one line of error
+    with tqdm(source.documents(), desc=f"{out_dir.name}: tokenizing", **opts) as documents:
+        batches = _batches(filter(str.strip, documents), _BATCH_DOCS, _BATCH_CHARS)  # empty ones add only separators
+        write_tokens(stream, map(encoded, batches), tok.vocab_size)
     tokens = read_tokens(stream)
     if len(tokens) == 0:
         raise UserError(f"{source.label} has no text; give a non-empty corpus")
@@ -204,8 +203,6 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
 def hold_dataset(ds_dir: str | os.PathLike, *, rebuild: bool = False) -> IO[str]:
     """Keep dataset ds_dir as it is until the returned file is closed or the process ends. Holders (runs, DDP
     ranks) share it, and a prepare meanwhile fails with one line; rebuild=True, a prepare's own, excludes all."""
-    import fcntl
-
     ds_dir = Path(ds_dir)
     path = ds_dir.parent / f".{ds_dir.name}.lock"  # beside the folder, since a lock inside would be swapped out
     while True:

@@ -57,9 +57,8 @@ def split_name(path: Path) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def _reading(where: str, fix: str, offline: bool = False) -> Iterator[Any]:
-    """The datasets module, a failure of which becomes one line naming `where` and `fix`. Its log, which would
-    print the error first, is silenced meanwhile. offline=True keeps it off the hub, which local data does not
-    need; datasets then also skips its download-count request per file."""
+    """The datasets module, its failures turned into one line naming `where` and `fix`, its log (which would print
+    the error first) silenced. offline=True keeps it off the hub, and off its download count per local file."""
     import datasets
 
     log, saved = logging.getLogger("datasets"), datasets.config.HF_HUB_OFFLINE

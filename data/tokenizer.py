@@ -49,10 +49,6 @@ class CharTokenizer:
         self.start_id = chars.index("\n") if "\n" in chars else 0  # where unprompted samples start
         self._codepoints = np.array([ord(c) for c in chars], dtype=np.uint32)
 
-    @classmethod
-    def from_text(cls, text: str) -> CharTokenizer:
-        return cls(sorted(set(text)))
-
     def encode_array(self, text: str) -> np.ndarray:
         """A binary search over the sorted code points, about 100x faster than a dict lookup per character."""
         cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
@@ -123,14 +119,13 @@ def _gpt2_encoding() -> Any:
                              special_tokens={GPT2_EOT: GPT2_EOT_ID}, explicit_n_vocab=GPT2_VOCAB_SIZE)
 
 
-def save_hf_tokenizer(tok: Tokenizer, folder: str | Path, model_max_length: int) -> None:
+def save_hf_tokenizer(tok: Tokenizer, folder: Path, model_max_length: int) -> None:
     """Write tok for transformers, mapping text to exactly our ids: tokenizer.json, its config, and for GPT-2
     vocab.json and merges.txt. <|endoftext|> is GPT-2's bos, eos and unk token, as in Hugging Face's gpt2."""
     from tokenizers import Regex
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
-    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if tok.name == "gpt2":
         vocab_bpe, encoder_json = _bundled_gpt2_files()  # type: ignore[misc]  # there: tok was built from them
@@ -160,7 +155,7 @@ def get_tokenizer(name: str, text: str | None = None, chars: Sequence[str] | Non
         raise UserError(f"unknown tokenizer {name!r}; choose one of: {', '.join(TOKENIZERS)}")
     if chars is None and text is None:
         raise ValueError("the char tokenizer needs the corpus text (or its chars) to build a vocabulary")
-    return CharTokenizer(chars) if chars is not None else CharTokenizer.from_text(text)  # type: ignore[arg-type]
+    return CharTokenizer(chars if chars is not None else sorted(set(text)))  # type: ignore[arg-type]
 
 
 def tokenizer_from_manifest(manifest: dict[str, Any]) -> Tokenizer:

@@ -116,10 +116,8 @@ class Estimate:
 
     def largest_batch(self, budget: float, divides: int = 0) -> int:
         """The largest micro-batch whose peak fits in budget bytes (0 if none), and with divides, that divides it."""
-        over = 1  # memory grows with the batch: double past the budget, then bisect
-        while self.memory(over)["total"] <= budget:
-            over *= 2
-        best = max(0, bisect.bisect_right(range(over), budget, key=lambda b: self.memory(b)["total"]) - 1)
+        # Memory grows with the batch, so bisection finds the last that fits among all a machine could hold.
+        best = max(0, bisect.bisect_right(range(2**40), budget, key=lambda b: self.memory(b)["total"]) - 1)
         if divides:
             best = max((d for d in range(1, min(best, divides) + 1) if divides % d == 0), default=0)
         return best
@@ -132,8 +130,7 @@ def free_memory(device: str) -> int:
     if device == "mps":
         return torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
     try:
-        with open("/proc/meminfo") as f:
-            return int(re.search(r"MemAvailable:\s+(\d+) kB", f.read()).group(1)) * 1024
+        return int(re.search(r"MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text()).group(1)) * 1024
     except (OSError, AttributeError):  # not Linux: free pages, which leaves out the page cache
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 

@@ -244,9 +244,8 @@ class CpuThreads:
         torch.set_num_threads(max(1, min(self.most, round(len(self.cpus) - others))))
 
     def describe(self) -> str:
-        if self.fixed:
-            return f"{self.most} thread{'s' * (self.most > 1)}"
-        return f"1-{self.most} threads as cores are idle"
+        fixed = f"{self.most} thread{'s' * (self.most > 1)}"
+        return fixed if self.fixed else f"1-{self.most} threads as cores are idle"
 
 
 def torchrun_environment() -> tuple[int, int, int]:
