@@ -280,7 +280,7 @@ def test_a_training_module_elsewhere_on_the_path_does_not_replace_the_package(tm
 
 def test_loss_png_that_cannot_be_drawn_is_a_note_not_the_end_of_the_run(tmp_path, data_root, capsys, monkeypatch):
     """MPLBACKEND=nonsense, or a folder name its fonts cannot show, ended a run at step 0 with a traceback."""
-    from training.run import RunLog
+    from training.runlog import RunLog
 
     def bad_backend(self):
         raise ValueError("Key backend: 'nonsense' is not a valid value for backend")

@@ -433,7 +433,7 @@ def fake_wandb(monkeypatch, run):
 
 
 def test_runlog_wandb_exit_code_best_summary_and_no_relogged_steps(tmp_path, monkeypatch):
-    from training.run import RunLog
+    from training.runlog import RunLog
     fake = FakeWandbRun(starting_step=31)  # wandb holds steps up to 30
     fake_wandb(monkeypatch, fake)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0, "val_loss": v}) + "\n"
@@ -451,7 +451,7 @@ def test_runlog_wandb_exit_code_best_summary_and_no_relogged_steps(tmp_path, mon
 
 @pytest.mark.parametrize("held", [30, 95])  # at the kill, wandb lagged behind metrics.jsonl's 90, or got past it
 def test_runlog_resumed_after_kill_9_gives_wandb_what_metrics_jsonl_holds(tmp_path, monkeypatch, held):
-    from training.run import RunLog
+    from training.runlog import RunLog
 
     def attempt(resume_step, starting_step, steps):
         run = FakeWandbRun(starting_step)
@@ -630,7 +630,7 @@ def test_ctrl_c_during_data_prepare_is_one_line_and_keeps_the_dataset(tmp_path):
 
 
 def test_a_second_ctrl_c_after_the_save_still_names_the_checkpoint_kept(tmp_path, data_root, monkeypatch, capsys):
-    from training.run import RunLog
+    from training.runlog import RunLog
     forward, plot, steps = GPT.forward, RunLog.plot, []
 
     def pressed(self, idx, targets=None, **kw):
