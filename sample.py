@@ -6,12 +6,10 @@ r"""Sample text from a trained GPT, streaming tokens to the terminal as they are
     python sample.py --prompt "ROMEO:" --stop "\n\n"         # stop after the first speech
     python sample.py --prompt "ROMEO:" --prompt "JULIET:"    # two prompts, one batched pass
     python sample.py --prompt "ROMEO:" --compile             # compiled decode step: faster after a compile
-    python sample.py --init-from gpt2 --quantize int8 --compile   # int8 weights: faster GPT-2 on a CPU
     python sample.py --prompt-file prompts.txt               # one prompt per line
     echo "To be, or not" | python sample.py --prompt -       # prompt from stdin, verbatim
     python sample.py --config tiny --device cpu --dtype float32   # out/tiny; or --ckpt DIR|FILE
     python sample.py --init-from gpt2 --prompt "Hello"       # a hub id, a HF GPT-2 dir or a run dir
-    python sample.py --prompt "ROMEO: O" --show-attention attn.png --layer 0 --max-new-tokens 0
 
 The tokenizer comes with the checkpoint (GPT-2 BPE for other Hugging Face models). "\n", "\t" and
 "\\" in prompts and --stop mean newline, tab, backslash; an empty prompt starts from end-of-text
@@ -28,12 +26,12 @@ start_script(__name__)  # first: Ctrl-C during the imports below (torch: seconds
 import argparse
 import codecs
 import itertools
-import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -51,9 +49,8 @@ def unescape(text: str) -> str:
 
 
 class TextStream:
-    """One sample's token ids in, printable text out.
-    An incremental UTF-8 decoder completes characters split across BPE tokens; `text` ends at end-of-text or
-    after the first stop string."""
+    """One sample's token ids in, printable text out. An incremental UTF-8 decoder completes characters split
+    across BPE tokens; `text` ends at end-of-text or after the first stop string."""
 
     def __init__(self, tok, stops: Sequence[str] = ()):
         self.tok = tok
@@ -65,10 +62,8 @@ class TextStream:
 
     def push(self, token_id: int) -> str:
         """Add one token; return the text it completes ("" while a character is incomplete)."""
-        if self.done:
-            return ""
-        if token_id == self.tok.eot_id:
-            return self.finish()
+        if self.done or token_id == self.tok.eot_id:
+            return self.finish()  # "" once done
         return self._add(self.decoder.decode(self.tok.decode_bytes([token_id])))
 
     def finish(self) -> str:
@@ -97,26 +92,20 @@ def left_pad(rows: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch
     return idx.to(device), None if bool(mask.all()) else mask.to(device)
 
 
-@torch.no_grad()
-def generate_texts(model, tok, rows: Sequence[Sequence[int]], max_new_tokens: int, *,
-                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                   stops: Sequence[str] = (), generator: torch.Generator | None = None,
-                   on_text: Callable[[int, str], None] | None = None, compile: bool = False) -> list[str]:
-    """Decode all rows (prompt token ids) in one batched pass; return each row's new text.
-    on_text(row, piece) is called with every newly decoded piece (for streaming)."""
+def generate_texts(model, tok, rows: Sequence[Sequence[int]], max_new_tokens: int, *, stops: Sequence[str] = (),
+                   on_text: Callable[[int, str], None] | None = None, **sampling: Any) -> list[str]:
+    """Decode all rows (prompt token ids) in one batched pass; return each row's new text. sampling (temperature,
+    top_k, top_p, generator, compile) goes to generate; on_text(row, piece) gets each new piece, for streaming."""
     idx, mask = left_pad(rows, next(model.parameters()).device)
     streams = [TextStream(tok, stops) for _ in rows]
-    steps = generate(model, idx, max_new_tokens, temperature, top_k, top_p, eos_id=tok.eot_id, padding_mask=mask,
-                     generator=generator, vocab_size=tok.vocab_size, compile=compile)
     emit = on_text or (lambda b, piece: None)
-    try:
+    with closing(generate(model, idx, max_new_tokens, eos_id=tok.eot_id, padding_mask=mask,
+                          vocab_size=tok.vocab_size, **sampling)) as steps:  # closing restores the model's mode
         for step in steps:
             for b, token_id in enumerate(step.tolist()):  # one host sync per step: streaming needs it
                 emit(b, streams[b].push(token_id))
             if all(s.done for s in streams):
                 break
-    finally:
-        steps.close()  # restores the model's train/eval mode even when we stop early
     for b, s in enumerate(streams):
         emit(b, s.finish())
     return [s.text for s in streams]
@@ -165,25 +154,20 @@ def encode_prompt(tok, text: str, block_size: int) -> list[int]:
     if not text:
         start = tok.decode([tok.start_id])
         what = "the end-of-text token" if tok.start_id == tok.eot_id else "a newline" if start == "\n" else repr(start)
-        note(f"empty prompt: starting from {what}")
+        print(f"note: empty prompt: starting from {what}", file=sys.stderr)
         return [tok.start_id]
     try:
         ids = tok.encode(text)
     except UserError as e:
         raise UserError(f"prompt {text[:40]!r}: {e}") from None
     if len(ids) > block_size:
-        note(f"the prompt is {len(ids)} tokens; the model sees only the last {block_size}")
+        print(f"note: the prompt is {len(ids)} tokens; the model sees only the last {block_size}", file=sys.stderr)
     return ids
 
 
 def cpu_threads(requested: int, n_embd: int) -> int:
-    """Threads for CPU decoding; 0 leaves torch's default. A small model's decode step is dozens of
-    tiny ops, which more threads only slow down (docs/performance.md, decoding)."""
+    """Threads for CPU decoding (0: torch's default). A small model's many tiny ops only slow down with more."""
     return requested or (1 if n_embd <= 256 else 0)
-
-
-def note(message: str) -> None:
-    print(f"note: {message}", file=sys.stderr)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -191,7 +175,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--ckpt", "--out-dir", dest="ckpt", metavar="DIR|FILE",
                      help="run dir or ckpt.pt file (default: out/small)")
-    src.add_argument("--config", metavar="NAME|RUN_DIR", help="a training config's run dir (small: out/small), or a run dir")
+    src.add_argument("--config", metavar="NAME|RUN_DIR", help="a config's run dir (small: out/small), or a run dir")
     src.add_argument("--init-from", metavar="NAME|DIR",
                      help="a GPT-2 hub id (gpt2, gpt2-medium, user/repo), a Hugging Face GPT-2 dir or a run dir")
     p.add_argument("--prompt", action="append", metavar="TEXT", help="prompt text (repeatable); - reads stdin")
@@ -212,63 +196,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=integer(lo=0), default=0,
                    help="CPU threads; 0 = 1 for small models (n_embd <= 256), else torch's default")
     p.add_argument("--compile", action=Flag,
-                   help="torch.compile the decode step (4 tokens a call): 3-5x tokens/s for small models, after a one-off compile")
-    p.add_argument("--quantize", default="none", **argument(Literal["none", "int8"]),
-                   help="int8: weight-only int8 Linear layers (CPU; a quarter of float32's bytes per token; "
-                        "logits within ~0.1 of float32: docs/sampling.md)")
-    p.add_argument("--show-attention", metavar="PNG", help="save the prompt's attention maps here")
-    p.add_argument("--layer", type=integer(), default=0, help="layer for --show-attention (negative counts from the end)")
+                   help="torch.compile the decode step: 3-5x tokens/s for small models, after a one-off compile")
     try:
         return p.parse_args(argv)
     except UserError as e:  # argparse calls --out-dir by its first name, --ckpt: name the one typed
-        out_dir = any(a.partition("=")[0] in ("--out-dir", "--out_dir") for a in (sys.argv[1:] if argv is None else argv))
-        raise UserError(re.sub(r"--ckpt\b", "--out-dir" if out_dir else "--ckpt", str(e))) from None
-
-
-def check_args(args: argparse.Namespace) -> None:
-    """Refuse empty or folder-valued paths and flags that would do nothing; the numbers' ranges are their parser's."""
-    if "" in args.stop:
-        raise UserError("--stop must not be empty")
-    if "" in (args.config, args.init_from, args.prompt_file, args.show_attention):
-        raise UserError("an empty --config, --init-from, --prompt-file or --show-attention names nothing")
-    if args.show_attention and os.path.isdir(args.show_attention):  # plot_attention would add .png beside it
-        raise UserError(f"--show-attention {args.show_attention} is a folder; give a .png file path")
-    if args.layer and not args.show_attention:
-        raise UserError("--layer applies to --show-attention; add it or drop --layer")
+        typed = sys.argv[1:] if argv is None else argv
+        out_dir = any(a.partition("=")[0] in ("--out-dir", "--out_dir") for a in typed)
+        raise UserError(str(e).replace("--ckpt", "--out-dir") if out_dir else str(e)) from None
 
 
 def run(args: argparse.Namespace) -> None:
     from training.runtime import set_threads, setup
 
-    check_args(args)
+    if "" in args.stop:
+        raise UserError("--stop must not be empty")
+    if "" in (args.config, args.init_from, args.prompt_file):
+        raise UserError("an empty --config, --init-from or --prompt-file names nothing")
     stops = [unescape(s) for s in args.stop]
     prompts = read_prompts(args)
-    if args.show_attention and len(prompts) > 1:
-        raise UserError(f"--show-attention draws one prompt; give one ({len(prompts)} given)")
-    device = "cpu" if args.quantize == "int8" and args.device == "auto" else args.device  # int8 is CPU-only
-    rt = setup(device=device, dtype=args.dtype, seed=None, training=False)
+    rt = setup(device=args.device, dtype=args.dtype, seed=None, training=False)
     model, tok = load(args)
-    model.to(rt.device)
+    model.to(rt.device, rt.dtype)  # inference only: weights (and the KV cache) in the compute dtype
     if rt.device_type == "cpu":
         set_threads(cpu_threads(args.threads, model.config.n_embd))
-    if rt.dtype != torch.float32:  # inference only: keep weights (and the KV cache) in the compute dtype
-        model.to(rt.dtype)
-    if args.quantize == "int8":
-        if rt.device_type != "cpu":
-            raise UserError("--quantize int8 is for CPU decoding; use --device cpu")
-        from model.quantize import quantize_int8
-
-        quantize_int8(model)
     encoded = [encode_prompt(tok, p, model.config.block_size) for p in prompts]
     for stop in stops:  # a character model never writes a character its vocabulary lacks
         try:
             tok.encode(stop)
         except UserError as e:
             raise UserError(f"--stop {stop!r} can never match: {e}") from None
-    if args.show_attention:
-        from model.trace import plot_attention
-
-        note(f"wrote {plot_attention(model, tok, encoded[0], args.show_attention, args.layer)}")
     generator = torch.Generator(device=rt.device)
     generator.manual_seed(args.seed) if args.seed is not None else generator.seed()
 

@@ -7,7 +7,6 @@
     python train.py --config out/small --out-dir out/again   # a finished run's settings
     python train.py --config finetune_gpt2 --init-from gpt2-medium   # a hub id, a HF GPT-2 dir or a run dir
     python train.py --config finetune_gpt2 --eval-only   # loss and perplexity, no training
-    python train.py --config gpt2 --plan --gpu h100 --nproc 8   # memory and time on paper, nothing trained
     python train.py --config gpt2 --batch-size auto # the largest micro-batch that fits, same tokens/step
     torchrun --standalone --nproc_per_node=8 train.py --config gpt2
     python train.py --config small --help           # every option, with small's values as defaults
@@ -36,15 +35,15 @@ import torch
 from tqdm import tqdm
 
 from configs import TrainConfig, parse_config
-from configs.cli import ArgumentParser, Flag, integer, number
+from configs.cli import ArgumentParser
 from configs.errors import UserError, entry_point
 from data.loader import GlobalBatchLoader
 from model.checkpoint import BEST_NAME, CKPT_NAME, keep_best
 from training.budget import StopSignal, TimeBudget, exit_code
 from training.optim import lr_multiplier, set_lr
-from training.plan import DEFAULT_MFU, out_of_memory, plan_report
+from training.plan import out_of_memory
 from training.run import (Run, TrainingDiverged, build_model, build_optimizer, eval_only, evaluate,
-                          final_estimate, lock_run_dir, open_data, resumed_checkpoint, sample_text, save, vocab_size)
+                          final_estimate, lock_run_dir, open_data, resumed_checkpoint, sample_text, save)
 from training.runtime import Runtime, setup
 
 
@@ -121,8 +120,6 @@ def record(run: Run, losses: dict[str, float], saved: bool) -> None:
     run.log.plot(force=False)
     tqdm.write(f"step {run.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}"
                f"{' (best)' if improved else ''}{', saved' if saving or saved else ''}")
-    if run.log.reference and (note := run.log.reference.check(run.step, losses["val_loss"])):  # outside the seeds' band
-        tqdm.write(note)
 
 
 def schedule_progress(step: int, cfg: TrainConfig, budget: TimeBudget | None) -> float:
@@ -282,23 +279,7 @@ def finish(run: Run, stop: StopSignal) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="train.py", description=__doc__,
                             usage="python train.py [--config NAME|FILE|RUN_DIR] [--FIELD VALUE ...]")
-    planning = parser.add_argument_group("plan (nothing is trained)")
-    planning.add_argument("--plan", action=Flag, help="print parameters, FLOPs, memory per GPU and time")
-    planning.add_argument("--gpu", help="the GPU to plan for (default h100; a100-40gb, 4090, ...)")
-    planning.add_argument("--nproc", type=integer(lo=1), help="GPUs (DDP processes; default 1)")
-    planning.add_argument("--mfu", type=number(0.001, 1),  # Below 0.1%, a plan's days have no meaning.
-                          help=f"the model FLOPs utilisation assumed (default {DEFAULT_MFU})")
-    cfg, args = parse_config(parser, argv)
-    if args.gpu == "":
-        raise UserError("--gpu names nothing; give a GPU (h100, a100-40gb, 4090, ...) or leave it out for h100")
-    if args.plan:
-        if cfg.init_from:  # Its architecture is known only once its weights load.
-            print(f"note: this plans the config's shape, not --init-from {cfg.init_from}'s; type its --n-layer, "
-                  "--n-head and --n-embd to plan that", file=sys.stderr)
-        print(plan_report(cfg, vocab_size(cfg), args.gpu or "h100", args.nproc or 1, args.mfu or DEFAULT_MFU))
-        return 0
-    if given := [f"--{k}" for k in ("gpu", "nproc", "mfu") if getattr(args, k) is not None]:  # Else ignored.
-        raise UserError(f"{', '.join(given)}: for --plan only; add --plan or drop {'them' if given[1:] else 'it'}")
+    cfg, _ = parse_config(parser, argv)
     return exit_code(train(cfg)["stopped"])
 
 

@@ -4,7 +4,6 @@
     python -m benchmarks train --config small --iters 200        # step time, ours vs plain PyTorch
     python -m benchmarks time-to-loss --config small --max-time 45 --target 1.88
     python -m benchmarks memory --config small    # plan.py's peak memory vs the measured one
-    python -m benchmarks reference --config small --seeds 5 --eval-interval 150 --threads 1
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (decode.add_sample_parser, train.add_train_parser, runs.add_time_to_loss_parser,
-                memory.add_memory_parser, runs.add_reference_parser):
+                memory.add_memory_parser):
         add(sub.add_parser)
     args, extra = parser.parse_known_args(argv)  # all but sample pass the flags they lack on to TrainConfig
     if extra and not getattr(args, "passthrough", False):

@@ -1,7 +1,7 @@
 """Decoding speed: greedy generate() in each mode beside a reference, the modes taking turns.
 
     python -m benchmarks sample                   # small model: eager KV cache, compiled, recompute
-    python -m benchmarks sample --model gpt2 --modes eager,compiled,hf --dtypes float32,bfloat16,int8
+    python -m benchmarks sample --model gpt2 --modes eager,compiled,hf --dtypes float32,bfloat16
 
 Random weights decode at the speed of trained ones. The reference is transformers' generate(), else our
 eager mode. For gpt2 each line adds the GB/s a step reads, beside a STREAM-like copy bandwidth.
@@ -30,7 +30,6 @@ from configs.errors import UserError
 from model import GPT
 from model.hf import load_hf_gpt2
 from model.kv_cache import cache_slots, generate
-from model.quantize import quantize_int8
 from sample import cpu_threads
 from training.runtime import choose, probe, setup
 
@@ -42,8 +41,7 @@ def add_sample_parser(add_parser: Callable[..., argparse.ArgumentParser]) -> Non
     p.add_argument("--new-tokens", type=integer(0), help="default 500 (small), 256 (gpt2)")
     p.add_argument("--modes", help="comma-separated from eager, compiled, recompute, hf; "
                    "default eager,compiled,recompute (small), eager,hf (gpt2)")
-    p.add_argument("--dtypes", default="auto", help="comma-separated weight dtypes for ours, e.g. float32,bfloat16; "
-                   "int8: float32 with weight-only int8 Linear layers (sample.py --quantize int8)")
+    p.add_argument("--dtypes", default="auto", help="comma-separated weight dtypes for ours, e.g. float32,bfloat16")
     p.add_argument("--repeats", type=integer(1), default=3, help="timed rounds; modes alternate within each")
     p.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = sample.py's choice (1 when n_embd <= 256)")
     p.add_argument("--device", default="auto")
@@ -57,17 +55,14 @@ def stream_copy_gb_s(device: str, nbytes: int = 2**29, repeats: int = 5) -> floa
     return 2 * nbytes / min(timed(lambda: b.copy_(a), device)[1] for _ in range(repeats)) / 1e9
 
 
-def decode_bytes_per_step(model: nn.Module, dtype: torch.dtype, cache_slots: int, int8: bool = False) -> int:
+def decode_bytes_per_step(model: nn.Module, dtype: torch.dtype, cache_slots: int) -> int:
     """Bytes a cached decode step of one row reads: each layer's keys and values in every cache slot, and every
-    weight but one row of each embedding table (a tied lm_head reads wte whole). An int8 Linear weight takes a
-    byte per number plus a 2-byte scale per row."""
+    weight but one row of each embedding table (a tied lm_head reads wte whole)."""
     c, tables = model.config, {"transformer.wte.weight", "transformer.wpe.weight"}
     numel = sum(p.numel() for n, p in model.named_parameters() if n not in tables)
     numel += model.lm_head.weight.numel() if c.tie_weights else 0
-    int8_weights = [m.weight for m in model.modules() if isinstance(m, nn.Linear)] if int8 else []
-    numel -= sum(w.numel() for w in int8_weights)
     kv = 2 * c.n_layer * cache_slots * c.n_embd
-    return (numel + kv) * dtype.itemsize + sum(w.numel() + 2 * w.size(0) for w in int8_weights)
+    return (numel + kv) * dtype.itemsize
 
 
 def _sample_model(args: argparse.Namespace) -> tuple[nn.Module, Any]:
@@ -119,7 +114,7 @@ def bench_sample(args: argparse.Namespace) -> None:
                        "speedup_vs_reference": round(speedup, 2)}
         if copy_gb_s and mode in ("eager", "compiled"):
             slots = cache_slots(model.config.block_size, prompt_len + new_tokens - 1, mode == "compiled")
-            nbytes = decode_bytes_per_step(model, dtype, slots, int8=label == "int8")
+            nbytes = decode_bytes_per_step(model, dtype, slots)
             record |= {"bytes_per_step": nbytes, "gb_per_s": round(nbytes * new_tokens / best / 1e9, 2),
                        "stream_copy_gb_per_s": round(copy_gb_s, 1)}
         emit(record)
@@ -127,16 +122,14 @@ def bench_sample(args: argparse.Namespace) -> None:
 
 def _decode_runs(model: nn.Module, hf: Any, modes: list[str], dtypes: str, rt: Any, prompt: torch.Tensor,
                  new_tokens: int) -> dict[str, tuple[Callable[[], Any], torch.dtype]]:
-    """"mode dtype" -> (a call that decodes new_tokens greedily, the weights' dtype). The dtype int8 is
-    float32 with weight-only int8 Linear layers, as sample.py --quantize int8 makes."""
+    """"mode dtype" -> (a call that decodes new_tokens greedily, the weights' dtype)."""
     runs = {}
     for name in (d.strip() for d in dtypes.split(",")):
-        if name not in ("auto", "float32", "bfloat16", "float16", "int8"):
-            raise UserError(f"--dtypes: unknown {name!r}; use auto, float32, bfloat16, float16 or int8")
-        dtype = choose(probe(), rt.device_type, "float32" if name == "int8" else name, training=False).dtype
+        if name not in ("auto", "float32", "bfloat16", "float16"):
+            raise UserError(f"--dtypes: unknown {name!r}; use auto, float32, bfloat16 or float16")
+        dtype = choose(probe(), rt.device_type, name, training=False).dtype
         ours = (model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)).to(rt.device)
-        ours = quantize_int8(copy.deepcopy(ours)) if name == "int8" else ours
-        label = "int8" if name == "int8" else str(dtype).removeprefix("torch.")
+        label = str(dtype).removeprefix("torch.")
         for mode in (m for m in modes if m != "hf"):
             kw = dict(use_cache=mode != "recompute", compile=mode == "compiled")
             runs[f"{mode} {label}"] = (

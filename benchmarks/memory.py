@@ -21,10 +21,11 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks import emit, stepper
 from configs import TrainConfig, load_config
 from configs.errors import UserError
+from data.manifest import read_dataset_manifest
+from data.prepare import dataset_dir
 from model import GPT
 from training.optim import configure_optimizer
 from training.plan import Estimate, meta_model
-from training.run import vocab_size
 from training.runtime import setup
 
 
@@ -59,6 +60,14 @@ def check(cfg: TrainConfig, vocab_size: int, dtype: torch.dtype, accum: int = 2)
     return {"estimate_mb": round(mem["total"] / 2**20, 3), "measured_mb": round(measured / 2**20, 3),
             "ratio": round(mem["total"] / measured, 4),
             "beyond_states_ratio": round((mem["total"] - states) / (measured - states), 4)}
+
+
+def vocab_size(cfg: TrainConfig) -> int:
+    """cfg's vocab_size, else its dataset's (a preset is prepared first, as training would)."""
+    try:
+        return cfg.vocab_size or read_dataset_manifest(dataset_dir(cfg.dataset, cfg.data_root))["vocab_size"]
+    except UserError as e:
+        raise UserError(f"{e}; or measure without the data by giving --vocab-size") from None
 
 
 def add_memory_parser(add_parser: Callable[..., argparse.ArgumentParser]) -> None:

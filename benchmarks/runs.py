@@ -1,9 +1,8 @@
-"""Whole `python train.py` runs: wall time to a loss, and the reference loss band over seeds.
+"""Whole `python train.py` runs: wall time to a loss.
 
     python -m benchmarks time-to-loss --config small --max-time 45 --target 1.88
     python -m benchmarks time-to-loss --config small --max-iters 1500        # the fixed-step figure
     python -m benchmarks time-to-loss --config small --vs-nanogpt --fractions 0.25 1 --target 1.55
-    python -m benchmarks reference --config small --seeds 5 --eval-interval 150 --threads 1
 
 Other flags go to train.py. Wall time is the whole process's, start-up included: what a user waits.
 """
@@ -12,14 +11,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
 import multiprocessing
 import os
 import platform
 import re
-import shlex
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,9 +27,7 @@ import torch
 import train
 from benchmarks import emit
 from configs import load_config
-from configs.cli import integer
 from configs.errors import UserError
-from training import reference
 
 # nanoGPT's README command for CPUs (train_shakespeare_char.py --device=cpu ...) in our flags.
 NANOGPT_CPU = ("--n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 12 --dropout 0 --bias false "
@@ -57,14 +50,12 @@ def _train_quietly(argv: list[str]) -> dict[str, Any]:
 
 
 def _train_py(config: str, flags: list[str], score_whole_val: bool = False) -> dict[str, Any]:
-    """One `python train.py --config C --sample-tokens 0 FLAGS`: train()'s result with wall_s added, and its
-    metrics.jsonl and config.json as records and config. score_whole_val scores its val_loss on the whole val split."""
+    """One `python train.py --config C --sample-tokens 0 FLAGS`: train()'s result with wall_s added.
+    score_whole_val scores its val_loss on the whole val split."""
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         t0 = time.perf_counter()
         result = _train(["--config", config, "--sample-tokens", "0", *flags, "--out-dir", tmp])
         result["wall_s"] = round(time.perf_counter() - t0, 2)
-        result["records"] = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
-        result["config"] = json.loads((Path(tmp) / "config.json").read_text())
         if score_whole_val:
             result["val_loss"] = _train(["--config", tmp, "--eval-only", "--out-dir", tmp])["val_loss"]
         return result
@@ -120,43 +111,6 @@ def bench_time_to_loss(args: argparse.Namespace) -> None:
               "medians_of": 1})
 
 
-def add_reference_parser(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
-    p = add_parser("reference", help="loss band over seeds, to configs/reference/<config>.json")
-    p.add_argument("--config", default="small", help="a named config")
-    p.add_argument("--seeds", type=integer(2), default=3, help="runs one after another: the config's seed, seed+1, ...")
-    p.set_defaults(func=bench_reference, passthrough=True)
-
-
-def bench_reference(args: argparse.Namespace) -> None:
-    seeds = list(range(first := load_config(args.config, args.extra).seed, first + args.seeds))
-    runs = []
-    for seed in seeds:
-        result = _train_py(args.config, [*args.extra, "--seed", str(seed)])
-        runs.append(result["records"])
-        emit({"bench": "reference", "config": args.config, "seed": seed, "wall_s": result["wall_s"],
-              "val_loss": round([r for r in result["records"] if "val_loss" in r][-1]["val_loss"], 4)})
-    command = shlex.join(["python", "-m", "benchmarks", *args.argv])
-    ref = build_reference(args.config, result["config"], runs, seeds, command, result["device"], result["dtype"])
-    path = write_reference(ref, reference.REFERENCE_DIR / f"{args.config}.json")
-    final = ref["final_val_loss"]
-    emit({"bench": "reference", "wrote": str(path), "final_val_loss": final,
-          "mean": round(statistics.fmean(final), 4), "spread": round(max(final) - min(final), 4)})
-
-
-def build_reference(name: str, config: dict[str, Any], runs: list[list[dict[str, Any]]], seeds: list[int],
-                    command: str, device: str, dtype: str) -> dict[str, Any]:
-    """A reference from each run's metrics.jsonl records: at each eval step all runs logged, the losses' min and max."""
-    evals = [{r["step"]: r for r in records if r.get("val_loss") is not None} for records in runs]
-    steps = sorted(set.intersection(*(set(e) for e in evals)))
-    band = {"step": steps} | {key: {"min": [round(min(e[s][key] for e in evals), 4) for s in steps],
-                                    "max": [round(max(e[s][key] for e in evals), 4) for s in steps]}
-                              for key in ("train_loss", "val_loss")}
-    return {"name": name, "command": command, "machine": machine(device), "device": device, "dtype": dtype,
-            "torch": torch.__version__, "date": datetime.date.today().isoformat(), "seeds": seeds,
-            "final_val_loss": [round(e[max(e)]["val_loss"], 4) for e in evals],
-            "config": {k: v for k, v in config.items() if k not in ("seed", "out_dir")}, "band": band}
-
-
 def machine(device: str) -> str:
     """On CUDA the GPU's name, else the CPU's model name (as lscpu prints it) and its core count."""
     if device.startswith("cuda"):
@@ -165,11 +119,3 @@ def machine(device: str) -> str:
     names = re.findall(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.MULTILINE) if cpuinfo.exists() else []
     return f"{names[0] if names else platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
-
-def write_reference(ref: dict[str, Any], path: Path) -> Path:
-    """Write ref as JSON with each list of numbers on one line, so diffs stay small and it reads by eye."""
-    text = json.dumps(ref, indent=1)
-    text = re.sub(r"\[\s+([^][{}]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
-    return path

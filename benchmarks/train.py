@@ -88,9 +88,9 @@ def bench_train(args: argparse.Namespace) -> None:
                         f"differs in {', '.join(diff)}; add --override {' '.join(f'{k}={v}' for k, v in diff.items())}")
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp, contextlib.redirect_stdout(sys.stderr):
         rt = setup(cfg := replace(cfg, out_dir=tmp, wandb=False))  # stdout is for JSON lines only
-        data = open_data(cfg, rt)  # train.py's data, model (compiled if asked) and optimizer, in its order
-        model, cfg = build_model(cfg, rt, data.manifest, None)
-        run = Run(cfg, rt, model, build_optimizer(model, cfg, rt, None), data, None, time.time())
+        with open_data(cfg, rt) as data:  # train.py's data, model (compiled if asked) and optimizer, in its order
+            model, cfg = build_model(cfg, rt, data.manifest, None)
+            run = Run(cfg, rt, model, build_optimizer(model, cfg, rt, None), data, None, time.time())
     pool = [run.loader.next_step() for _ in range(max(1, min(64 // run.grad_accum, args.warmup + args.iters)))]
     states = {"ours": (run.model, run.optimizer, run.train_model)}
     if "plain" in impls:
@@ -111,7 +111,8 @@ def bench_train(args: argparse.Namespace) -> None:
 
 def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Bytes that stay allocated between steps: parameters and optimizer state."""
-    tensors = [*model.parameters(), *(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))]
+    states = [s for opt in getattr(optimizer, "optimizers", [optimizer]) for s in opt.state.values()]  # a Chain's too
+    tensors = [*model.parameters(), *(t for s in states for t in s.values() if torch.is_tensor(t))]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 

@@ -1,14 +1,11 @@
 """Training configs: TrainConfig, whose fields are train.py's flags, and where a run starts from.
 
-    cfg = load_config("small")                                  # configs/small.py: CONFIG
-    cfg = load_config("runs/my.toml")                           # field values, optionally base = "small"
-    cfg = load_config("out/small")                              # that run's config.json, as it ran
+    cfg = load_config("small")                    # configs/small.py: CONFIG = replace(BASE, ...)
+    cfg = load_config("runs/my.toml")             # field values, optionally base = "small"
+    cfg = load_config("out/small")                # that run's config.json, as it ran
     cfg = load_config("small", ["--max-iters", "200", "--no-compile", "--lr=3e-4"])
-    cfg, args = parse_config(parser, argv)                      # train.py: the above + its own flags
 
-A preset is configs/<name>.py defining `CONFIG = replace(BASE, ...)`: typed Python, so a misspelt
-field fails at import. Fields are flat, so each is one --flag with its help stored on the field;
-"off" is 0 or "" (max_time=0), never None, so every flag takes one plain value.
+"Off" is 0 or "" (max_time=0), never None, so every flag takes one plain value.
 """
 
 from __future__ import annotations
@@ -21,15 +18,20 @@ from argparse import ArgumentTypeError, Namespace
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal, get_type_hints
+from typing import Any, Literal
 
-from .cli import ArgumentParser, Number, argument, closest, converter, integer, number, seed, setting
+from .cli import ArgumentParser, Number, argument, closest, integer, number, seed, setting
 from .errors import UserError
-from .model import GPTConfig
-
+from .model import GPTConfig, checks
 
 Device = Literal["auto", "cpu", "cuda", "mps"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+def micro_batch(value: Any) -> int:
+    """--batch-size: a whole number, or auto (0, as config files hold it: plan.auto_batch_size picks it at start)."""
+    auto = str(value).lower() == "auto" or (type(value) is int and value == 0)
+    return 0 if auto else Number(int, lo=1, expects="a whole number >= 1 or auto")(value)
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,7 @@ class TrainConfig(GPTConfig):
     """A run's settings: the network's fields, inherited from GPTConfig with their defaults, and the training's."""
 
     # A run may leave the vocabulary to its data, which a model cannot: 0 here means the tokenizer's size.
-    vocab_size: int = setting(0, "0 = the tokenizer's; larger pads the embedding (e.g. 50304)", "model",
-                              integer(lo=0))
+    vocab_size: int = setting(0, "0 = the tokenizer's; larger pads the embedding (e.g. 50304)", "model")
     name: str = setting("custom", "the config's name; the run directory defaults to out/<name>", "config")
     dataset: str = setting("shakespeare_char", "a data.prepare preset (prepared on first use) or a dataset "
                            "prepared into data_root", "data")
@@ -46,7 +47,8 @@ class TrainConfig(GPTConfig):
     sampling: Literal["random", "epoch"] = setting("random", "train windows: random start positions (nanoGPT), "
                                                    "or each non-overlapping window once per epoch")
     batch_size: int = setting(12, "sequences per micro-batch per process; auto (stored as 0) = the largest "
-                              "that fits free memory, keeping tokens_per_step (training/plan.py)", "optimization")
+                              "that fits free memory, keeping tokens_per_step (training/plan.py)", "optimization",
+                              micro_batch)
     tokens_per_step: int = setting(0, "global tokens per optimizer step, reached by gradient accumulation; "
                                    "0 = one micro-batch per process")
     lr: float = setting(1e-3, "peak learning rate (AdamW), reached after warmup_iters")
@@ -79,7 +81,7 @@ class TrainConfig(GPTConfig):
                                   "a fixed CPU thread count")
     threads: int = setting(0, "CPU threads for torch; 0 = as many as other processes leave cores idle, checked "
                            "twice a second (results then depend on the load in the last bits)")
-    seed: int = setting(1337, "seed of every random stream (each DDP rank adds its rank)")
+    seed: int = setting(1337, "seed of every random stream (each DDP rank adds its rank)", check=seed)
     ddp_timeout: float = setting(600.0, "seconds a process waits for the others (at most a week: one silent for "
                                  "longer is hung); then a hung or stopped one ends the job",
                                  check=number(0, 604800, lo_open=True))
@@ -93,12 +95,7 @@ class TrainConfig(GPTConfig):
     wandb_run_name: str = setting("", "empty = the config name")
 
     def __post_init__(self) -> None:
-        for name, check in _CHECKS.items():  # what its flag refuses, a config built in code must not hold either
-            try:
-                check(getattr(self, name))
-            except ArgumentTypeError as e:
-                raise UserError(f"{name} {e}") from None
-        self.model_config(vocab_size=1)  # GPTConfig validates the model fields
+        super().__post_init__()
         if self.min_lr > self.lr:
             raise UserError(f"--min-lr ({self.min_lr}) must not exceed --lr ({self.lr}); lower --min-lr")
         if not self.data_root or not self.dataset:  # "" would prepare into the working directory
@@ -111,8 +108,7 @@ class TrainConfig(GPTConfig):
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The network this config describes; vocab_size 0 takes the argument."""
-        return GPTConfig(**{f.name: getattr(self, f.name) for f in fields(GPTConfig)}
-                         | {"vocab_size": self.vocab_size or vocab_size})
+        return GPTConfig.from_dict(self.to_dict(), vocab_size=self.vocab_size or vocab_size)
 
     def accumulation(self, processes: int) -> int:
         """Micro-steps per optimizer step: tokens_per_step over batch_size x block_size x processes."""
@@ -128,60 +124,35 @@ class TrainConfig(GPTConfig):
         return Path(self.out_dir or f"out/{self.name}")
 
 
-FIELDS = tuple(f.name for f in fields(TrainConfig))
-_TYPES = get_type_hints(TrainConfig)
-
-
-def micro_batch(value: Any) -> int:
-    """--batch-size: a whole number, or auto (0, as config files hold it: plan.auto_batch_size picks it at start)."""
-    auto = str(value).lower() == "auto" or (type(value) is int and value == 0)
-    return 0 if auto else Number(int, lo=1, expects="a whole number >= 1 or auto")(value)
-
-
+FIELDS = checks(TrainConfig)  # each field's check, by name
+BASE = TrainConfig()
 # Fields that act only beside another field's values; typed without them they would do nothing, so are refused.
 ONLY_WITH = dict.fromkeys(("muon_lr", "muon_momentum"), ("optimizer", ("muon",))) \
     | dict.fromkeys(("min_lr", "lr_decay_iters"), ("lr_schedule", ("cosine", "wsd"))) \
     | dict.fromkeys(("wandb_project", "wandb_run_name"), ("wandb", (True,))) | {"decay_frac": ("lr_schedule", ("wsd",))}
 
 
-def check_typed(cfg: TrainConfig, typed: Iterable[str]) -> None:
-    """Refuse a typed flag that cfg's other values leave without effect (ONLY_WITH), naming what would give it one."""
+def check_typed(cfg: TrainConfig, typed: Iterable[str], at: str = "") -> None:
+    """Refuse a field set by hand that cfg's other values leave without effect (ONLY_WITH); `at` starts the message."""
     if cfg.resume and (other := next((f for f in ("init_from", "eval_only") if f in typed), None)):
-        raise UserError(f"--resume continues this run's training, which {_flag(other)} does not; drop one of them")
+        raise UserError(f"{at}--resume continues this run's training, which {_flag(other)} does not; drop one of them")
     if "warmup_iters" in typed and cfg.warmup_iters > cfg.max_iters:
-        raise UserError(f"--warmup-iters {cfg.warmup_iters} is longer than the run (--max-iters {cfg.max_iters}): "
-                        "it would end before reaching --lr; lower --warmup-iters")
+        raise UserError(f"{at}--warmup-iters {cfg.warmup_iters} is longer than the run (--max-iters "
+                        f"{cfg.max_iters}): it would end before reaching --lr; lower --warmup-iters")
     for name in typed:
         other, acting = ONLY_WITH.get(name, ("", ()))
         if other and getattr(cfg, other) not in acting:
             flag, needed = _flag(name), _flag(other) + ("" if acting == (True,) else f" {'/'.join(acting)}")
             now = "" if acting == (True,) else f" (this run: {_flag(other)} {getattr(cfg, other)})"
-            raise UserError(f"{flag} does nothing without {needed}{now}; add {needed} or drop {flag}")
+            raise UserError(f"{at}{flag} does nothing without {needed}{now}; add {needed} or drop {flag}")
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-_CHECKS = {f.name: {"batch_size": micro_batch, "seed": seed}.get(f.name) or f.metadata["check"]
-           or converter(_TYPES[f.name], lo=0) for f in fields(TrainConfig)}
-BASE = TrainConfig()
-
-
 def available_configs() -> list[str]:
-    here = Path(__file__).parent
-    return sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.name not in ("cli", "errors", "model"))
-
-
-def named_config(name: str) -> TrainConfig:
-    names = available_configs()
-    if name not in names:
-        raise UserError(f"unknown config {name!r}; {_did_you_mean(name, names)}choose one of {', '.join(names)}, "
-                        "a .toml file or a run directory")
-    cfg = getattr(importlib.import_module(f"configs.{name}"), "CONFIG", None)
-    if not isinstance(cfg, TrainConfig):  # a broken preset is a bug, not a user error
-        raise TypeError(f"configs/{name}.py must define CONFIG = replace(BASE, ...)")
-    return replace(cfg, name=name)
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in ("cli", "errors", "model"))
 
 
 def read_config_file(path: Path) -> Any:
@@ -190,7 +161,6 @@ def read_config_file(path: Path) -> Any:
         if path.suffix == ".json":
             return json.loads(path.read_text())
         import tomllib  # here, not at the top: Python < 3.11 can still run the named configs
-
         return tomllib.loads(path.read_text())
     except (OSError, ValueError) as e:  # JSON and TOML syntax errors are ValueErrors
         raise UserError(f"cannot read config file {path}: {e}") from None
@@ -200,27 +170,39 @@ def _did_you_mean(word: str, options: Sequence[str]) -> str:
     return f"did you mean {hint!r}? " if (hint := closest(word, options)) else ""
 
 
-def config_file(path: Path) -> TrainConfig:
-    """A TOML file of field values (base = "<preset>" to start from one, else from BASE), or a
-    run's config.json (written by train.py as cfg.to_dict()); a run directory means its config.json."""
-    path = path / "config.json" if path.is_dir() else path
+def resolve_config(config: str) -> TrainConfig:
+    """--config: a preset, a TOML file (base = "<preset>" starts from one), or a run directory / its config.json."""
+    path, names = Path(config), available_configs()
+    if config in names:
+        return replace(importlib.import_module(f"configs.{config}").CONFIG, name=config)
+    if not (path.exists() or "/" in config or path.suffix in (".toml", ".json")):
+        raise UserError(f"unknown config {config!r}; {_did_you_mean(config, names)}choose one of {', '.join(names)}, "
+                        "a .toml file or a run directory")
+    if not path.exists():
+        raise UserError(f"config file {path} not found")
+    if path.is_dir() and not (path := path / "config.json").is_file():
+        raise UserError(f"{path.parent} has no config.json; --config takes a preset, a .toml file or a run directory")
+    if path.suffix not in (".toml", ".json") or not path.is_file():
+        # an empty file would read as no fields; a pipe (<(...), /dev/stdin) has no name to tell TOML by
+        raise UserError(f"--config {path}: expected a .toml file, a run's config.json or its directory; "
+                        "save the settings to a .toml file and give that")
     data = read_config_file(path)
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected an object of TrainConfig fields, got {type(data).__name__}")
     if path.suffix == ".json":  # a run's settings, not its place: training again must not write into it
         data = {k: v for k, v in data.items() if k not in ("out_dir", "resume")}
-    preset = str(data.get("base", ""))
-    if preset and preset not in available_configs() and Path(preset).exists():  # named_config would list presets
-        raise UserError(f"{path}: base takes a preset ({', '.join(available_configs())}), not a path; to start "
+    preset = str(data.pop("base", ""))
+    if preset and preset not in names and Path(preset).exists():  # it would be read as --config
+        raise UserError(f"{path}: base takes a preset ({', '.join(names)}), not a path; to start "
                         f"from a run's settings use --config {preset}")
-    base = named_config(str(data.pop("base"))) if "base" in data else BASE
+    base = resolve_config(preset) if preset else BASE
     values = {}
     for key, value in data.items():
         if key not in FIELDS:
             raise UserError(f"{path}: unknown key {key!r}; {_did_you_mean(key, FIELDS)}the keys are TrainConfig's "
                             "fields (train.py --help)")
         try:
-            values[key] = _CHECKS[key](value)
+            values[key] = FIELDS[key](value)
         except ArgumentTypeError as e:
             raise UserError(f"{path}: {key} {e}") from None
     return replace(base, **{"name": path.stem} | values)
@@ -232,47 +214,23 @@ def run_named(config: str) -> Path | None:
     return run if config not in available_configs() and (run / "config.json").is_file() else None
 
 
-def resolve_config(config: str) -> TrainConfig:
-    """--config: a preset name, a TOML file, or a run directory / its config.json."""
-    if config in available_configs():
-        return named_config(config)
-    path = Path(config)
-    if path.exists() and not path.is_dir() and (path.suffix not in (".toml", ".json") or not path.is_file()):
-        # an empty file would read as no fields; a pipe (<(...), /dev/stdin) has no name to tell TOML by
-        raise UserError(f"--config {path}: expected a .toml file, a run's config.json or its directory; "
-                        "save the settings to a .toml file and give that")
-    if path.is_file() or (path / "config.json").is_file():
-        return config_file(path)
-    if path.is_dir():
-        raise UserError(f"{path} has no config.json; --config takes a preset, a .toml file or a run directory")
-    if "/" in config or path.suffix in (".toml", ".json"):
-        raise UserError(f"config file {path} not found")
-    return named_config(config)  # unknown: the error names the presets
-
-
-def add_config_arguments(parser: ArgumentParser, config: str, base: TrainConfig) -> None:
-    """--config (default: `config`) and one option per TrainConfig field, defaulting to `base`'s value."""
-    group = parser.add_argument_group("config")
-    group.add_argument("--config", default=config, metavar="NAME|FILE|RUN_DIR",
-                       help=f"a preset ({', '.join(available_configs())}), a .toml file of fields "
-                            "(base = \"small\" starts from a preset), or a run directory / its config.json")
-    groups = {"config": group}  # the model's fields come first (inherited), but --help lists --config first
-    for f in fields(TrainConfig):
-        section = f.metadata["section"]
-        if section and section not in groups:
-            groups[section] = parser.add_argument_group(section)
-        group = groups.get(section, group)
-        kind = argument(_TYPES[f.name], _CHECKS[f.name]) | ({"metavar": "INT|auto"} if f.name == "batch_size" else {})
-        group.add_argument(_flag(f.name), default=getattr(base, f.name), help=f.metadata["help"], **kind)
-
-
 def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> tuple[TrainConfig, Namespace]:
     """Parse `argv` as train.py does: `--config` picks the starting config (and --help's defaults), every field
     is a flag, and `parser`'s own flags come back in the namespace; --resume takes the rest from the run's config."""
     argv = sys.argv[1:] if argv is None else list(argv)
     first = ArgumentParser(add_help=False)
     first.add_argument("--config", default="small")
-    add_config_arguments(parser, config := first.parse_known_args(argv)[0].config, base := resolve_config(config))
+    base = resolve_config(config := first.parse_known_args(argv)[0].config)
+    group = parser.add_argument_group("config")  # --help lists --config first, before the model's fields
+    group.add_argument("--config", default=config, metavar="NAME|FILE|RUN_DIR",
+                       help=f"a preset ({', '.join(available_configs())}), a .toml file of fields "
+                            "(base = \"small\" starts from a preset), or a run directory / its config.json")
+    groups = {"config": group}
+    for f in fields(TrainConfig):
+        if section := f.metadata["section"]:
+            group = groups.get(section) or parser.add_argument_group(section)
+        kind = argument(FIELDS[f.name]) | ({"metavar": "INT|auto"} if f.name == "batch_size" else {})
+        group.add_argument(_flag(f.name), default=getattr(base, f.name), help=f.metadata["help"], **kind)
     untyped = object()  # argparse sets a default only where the namespace has no value yet
     args = vars(parser.parse_args(argv, Namespace(**dict.fromkeys(FIELDS, untyped))))
     typed = {k: v for k in FIELDS if (v := args.pop(k)) is not untyped}
@@ -281,13 +239,10 @@ def parse_config(parser: ArgumentParser, argv: Sequence[str] | None = None) -> t
         cfg = replace(cfg, out_dir=str(run))
     cfg = cfg if cfg.out_dir else replace(cfg, out_dir=f"out/{cfg.name}")
     if cfg.resume and (saved := cfg.run_dir / "config.json").is_file():  # the run's settings, unless typed again
-        cfg = replace(config_file(saved), **typed | {"resume": True, "out_dir": cfg.out_dir})
+        cfg = replace(resolve_config(str(saved)), **typed | {"resume": True, "out_dir": cfg.out_dir})
     check_typed(cfg, typed)
     if Path(config).suffix == ".toml":  # its fields were set by hand as well
-        try:
-            check_typed(cfg, set(read_config_file(Path(config))) - set(typed))
-        except UserError as e:
-            raise UserError(f"{config}: {e}") from None
+        check_typed(cfg, set(read_config_file(Path(config))) - set(typed), f"{config}: ")
     return cfg, Namespace(**args)
 
 

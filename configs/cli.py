@@ -1,15 +1,7 @@
 """The command line every script shares: argparse through its public API, with a few habits added.
 
-    parser = ArgumentParser(prog="python sample.py", description=__doc__)
-    parser.add_argument("--top-k", type=integer(lo=1), help="keep the k most likely tokens")
-    parser.add_argument("--device", default="auto", **argument(Literal["auto", "cpu"]))
-    parser.add_argument("--force", action=Flag, help="rebuild even if up to date")
-    args = parser.parse_args(argv)
-
-Every `--top-k` is also `--top_k` (nanoGPT habits work); booleans are `--force`, `--no-force`, `--force=false`
-or `--force false` (a word after a boolean flag is its value only if it is true/false/1/0/yes/no/on/off);
---help shows the script's docstring as written and every default; bad input is one UserError line with a
-"did you mean"; prefixes are refused (`--max-iter` must not quietly set --max-iters).
+Every `--top-k` is also `--top_k` (nanoGPT's spelling); booleans are `--force`, `--no-force`, `--force=false` or
+`--force false`; --help shows every default; bad input is one UserError line with a "did you mean"; no prefixes.
 """
 
 from __future__ import annotations
@@ -32,13 +24,11 @@ ALIASES = {"gpu": "cuda", "fp32": "float32", "bf16": "bfloat16", "fp16": "float1
 
 
 def closest(word: str, options: Sequence[str]) -> str | None:
-    """The option a typo most likely meant, or None."""
     return next(iter(difflib.get_close_matches(word, options, n=1, cutoff=0.6)), None)
 
 
 class Number:
-    """An int or float from text or a TOML/JSON value, finite and from lo to hi (ends included unless open).
-    integer(lo=1) is >= 1, number(0, 1, hi_open=True) is [0, 1); 1e4 and 2_000 are fine, 2.5 for an int is not."""
+    """An int or float from text or a TOML/JSON value, finite and from lo to hi (ends included unless open)."""
 
     def __init__(self, kind: type, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False,
                  hi_open: bool = False, expects: str = "") -> None:
@@ -47,10 +37,6 @@ class Number:
         above = f" {'>' if lo_open else '>='} {lo}" if lo > -math.inf else ""
         within = f" in {'[('[lo_open]}{lo}, {hi}{'])'[hi_open]}" if hi < math.inf else above
         self.expects = expects or self.noun + within
-
-    def holds(self, x: float) -> bool:
-        above = self.lo < x or not self.lo_open and x == self.lo
-        return math.isfinite(x) and above and (x < self.hi or not self.hi_open and x == self.hi)
 
     def __call__(self, value: Any) -> Any:
         try:
@@ -62,7 +48,8 @@ class Number:
             raise argparse.ArgumentTypeError(f"expects {self.noun}, got {value!r}") from None
         if self.kind is int and self.hi == math.inf and abs(x) >= 2**31:  # torch's sizes and counts are C ints
             raise argparse.ArgumentTypeError(f"expects {self.noun} below 2**31, got {value!r}")
-        if not self.holds(x):
+        above = self.lo < x or not self.lo_open and x == self.lo
+        if not (math.isfinite(x) and above and (x < self.hi or not self.hi_open and x == self.hi)):
             expects = self.expects if math.isfinite(x) else "a finite number"  # no option means inf or nan
             raise argparse.ArgumentTypeError(f"expects {expects}, got {value!r}")
         return x
@@ -72,7 +59,7 @@ integer, number = partial(Number, int), partial(Number, float)
 seed = Number(int, 0, 2**32, hi_open=True, expects="a seed from 0 to 2**32 - 1 (torch keeps 32 bits)")  # 2**32 is 0
 
 
-def setting(default: Any, help: str, section: str = "", check: Number | None = None) -> Any:
+def setting(default: Any, help: str, section: str = "", check: Callable[[Any], Any] | None = None) -> Any:
     """A config field with its --help line, the --help group it starts, and its check (default: by its type, >= 0)."""
     return field(default=default, metadata={"help": help, "section": section, "check": check})
 
@@ -104,40 +91,33 @@ def text(value: Any) -> str:
     raise argparse.ArgumentTypeError(f"expects text, got {value!r}")
 
 
-def converter(annotation: Any, lo: float = -math.inf) -> Callable[[Any], Any]:
-    """Checks and converts a command-line string or a TOML/JSON value to `annotation` (a number: at least lo)."""
+def converter(annotation: Any) -> Callable[[Any], Any]:
+    """Checks and converts a command-line string or a TOML/JSON value to `annotation` (a number: at least 0)."""
     if get_origin(annotation) is Literal:
         return Choice(get_args(annotation))
-    return {int: integer(lo), float: number(lo), bool: boolean, str: text}[annotation]
+    return {int: integer(lo=0), float: number(lo=0), bool: boolean, str: text}[annotation]
 
 
-def argument(annotation: Any, check: Callable[[Any], Any] | None = None) -> dict[str, Any]:
-    """add_argument keywords for a value of type `annotation`, checked by `check` (default: see converter)."""
-    if annotation is bool:
-        return {"action": Flag}
-    return {"type": check or converter(annotation), "choices": get_args(annotation) or None}
+def argument(kind: Any) -> dict[str, Any]:
+    """add_argument keywords for a Literal type's value, or for a value that the check `kind` takes."""
+    check = Choice(get_args(kind)) if get_origin(kind) is Literal else kind
+    return {"action": Flag} if check is boolean else {"type": check, "choices": getattr(check, "options", None)}
 
 
 class Store(argparse.Action):
-    """argparse's "store", but an option also gets nanoGPT's spelling (`--max_iters`), its type's metavar
-    (INT) and its default in --help."""
+    """argparse's "store" or "append", plus nanoGPT's spelling (`--max_iters`), the type's metavar, --help's default."""
 
     def __init__(self, option_strings: list[str], dest: str, default: Any = None, type: Any = None,
-                 metavar: Any = None, help: str | None = None, **kwargs: Any) -> None:
+                 metavar: Any = None, help: str | None = None, append: bool = False, **kwargs: Any) -> None:
+        self.append = append
         twins = ["--" + s[2:].replace("-", "_") for s in option_strings if s.startswith("--")]
-        if option_strings and isinstance(default, (bool, int, float, str)) and "%(default)" not in (help or "") \
-                and help != argparse.SUPPRESS:
+        if option_strings and isinstance(default, (bool, int, float, str)):
             help = f"{help or ''} (default: %(default)r)".lstrip()
         super().__init__([*option_strings, *(s for s in twins if s not in option_strings)], dest, default=default,
                          type=type, metavar=metavar or getattr(type, "metavar", None), help=help, **kwargs)
 
     def __call__(self, parser: Any, namespace: argparse.Namespace, value: Any, option_string: Any = None) -> None:
-        setattr(namespace, self.dest, value)
-
-
-class Append(Store):
-    def __call__(self, parser: Any, namespace: argparse.Namespace, value: Any, option_string: Any = None) -> None:
-        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), value])
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), value] if self.append else value)
 
 
 class Flag(Store):
@@ -159,22 +139,18 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse.ArgumentParser with the habits in this module's docstring."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        super().__init__(*args, allow_abbrev=False, **kwargs)
-        self.options = ["--help"] if self.add_help else []  # the long options an unknown one is matched against
-        self.flags: dict[str, Flag] = {}
+        super().__init__(*args, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        self.actions: dict[str, argparse.Action] = {}  # by option string: for "did you mean" and the flags' values
         # add_argument looks an action up in this registry, which argument groups share
-        for name, action in ((None, Store), ("store", Store), ("append", Append), (Flag, Flag)):
+        for name, action in ((None, Store), ("store", Store), ("append", partial(Store, append=True)), (Flag, Flag)):
             self.register("action", name, partial(self.noted, action))
         # The one private name here: argparse's own pattern takes `-1e-3`, `-inf` and `-nan` for options, so
         # `--lr -1e-3` would be "expected one argument" instead of a range.
         self._negative_number_matcher = re.compile(r"^-(\.?\d|inf|nan)", re.I)
 
     def noted(self, action: type[argparse.Action], **kwargs: Any) -> argparse.Action:
-        """Makes the action and notes its long options (not the nanoGPT spellings) for "did you mean"."""
         made = action(**kwargs)
-        self.options += [s for s in made.option_strings if s.startswith("--") and "_" not in s]
-        self.flags |= dict.fromkeys(made.option_strings, made) if isinstance(made, Flag) else {}
+        self.actions |= dict.fromkeys(made.option_strings, made)
         return made
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
@@ -184,7 +160,7 @@ class ArgumentParser(argparse.ArgumentParser):
         args = list(sys.argv[1:] if args is None else args)
         end = args.index("--") if "--" in args else len(args)
         for i, (arg, after) in enumerate(zip(args[:end], [*args[1:end], "--"])):
-            if (flag := self.flags.get(arg)) and after.lower() not in TRUE + FALSE:
+            if isinstance(flag := self.actions.get(arg), Flag) and after.lower() not in TRUE + FALSE:
                 args[i] = f"{flag.option_strings[0]}={str(arg not in flag.negated).lower()}"
         return super().parse_known_args(args, namespace)
 
@@ -196,7 +172,7 @@ class ArgumentParser(argparse.ArgumentParser):
         if not unknown[0].startswith("-") or unknown[0] == "--":
             self.error(f"unexpected argument {unknown[0]!r} (see --help)")
         flag = unknown[0].partition("=")[0]
-        hint = closest(flag.lstrip("-").replace("_", "-"), [s[2:] for s in self.options])
+        hint = closest(flag.lstrip("-").replace("_", "-"), [s[2:] for s in ["--help", *self.actions] if "_" not in s])
         self.error(f"unknown option {flag!r}; " + (f"did you mean --{hint}?" if hint else "see --help for the options"))
 
     def error(self, message: str) -> NoReturn:

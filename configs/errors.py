@@ -1,7 +1,4 @@
-"""How a script starts and ends: one line and exit status 2 for a mistake a user can fix (UserError).
-
-Anything else is a bug and keeps its traceback; `entry_point` also makes the standard streams safe to write to.
-"""
+"""How a script starts and ends: one line and exit status 2 for a mistake a user can fix (UserError)."""
 
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 INTERRUPTED = "\ninterrupted; nothing was changed"  # a script writes beside its outputs and swaps them in
-READER_LEFT = 128 + signal.SIGPIPE  # the status a shell gives a command whose pipe's reader left (`| head`)
 
 
 class UserError(Exception):
@@ -40,8 +36,8 @@ def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
         try:
             check_folder_variables()
             return main(*args, **kwargs) or 0
-        except BrokenPipeError:  # StandardStream: the reader of our output left, so nothing more is wanted
-            return READER_LEFT
+        except BrokenPipeError:  # StandardStream: the reader of our output left (`| head`), as a shell says it
+            return 128 + signal.SIGPIPE
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -59,13 +55,11 @@ def entry_point(main: Callable[..., int | None]) -> Callable[..., int]:
     return wrapper
 
 
-# Folders of the libraries this project uses: naming a file, each failed deep inside that library.
-FOLDER_VARIABLES = ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE",
-                    "WANDB_DIR", "WANDB_CACHE_DIR", "MPLCONFIGDIR", "XDG_CACHE_HOME")
-
-
 def check_folder_variables() -> None:
-    if files := [f"{name}={os.environ[name]}" for name in FOLDER_VARIABLES if os.path.isfile(os.environ.get(name, ""))]:
+    """The folders of the libraries this project uses: naming a file, each failed deep inside that library."""
+    names = ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE",
+             "WANDB_DIR", "WANDB_CACHE_DIR", "MPLCONFIGDIR", "XDG_CACHE_HOME")
+    if files := [f"{name}={os.environ[name]}" for name in names if os.path.isfile(os.environ.get(name, ""))]:
         raise UserError(f"{', '.join(files)}: a file where a folder is expected; point it at a folder or unset it")
 
 

@@ -8,15 +8,13 @@ The model shape comes from the pretrained weights; a small constant learning rat
 dozen steps is enough (Shakespeare is ~300k tokens, so longer runs overfit).
 """
 
-from dataclasses import replace
-
-from configs import BASE
+from configs import BASE, replace
 
 CONFIG = replace(
     BASE,
     dataset="shakespeare",
     init_from="gpt2",
-    dropout=0.1,  # the shape comes from the weights; --plan uses GPTConfig's default, GPT-2 small's
+    dropout=0.1,  # the shape comes from the weights
     batch_size=4, tokens_per_step=32768,
     lr=3e-5, min_lr=3e-5, warmup_iters=0, lr_schedule="constant",
     weight_decay=0.0, beta2=0.99,

@@ -9,9 +9,7 @@
 19073 steps = 10B tokens, the schedule of GPT-2/GPT-3 small as reproduced by llm.c.
 """
 
-from dataclasses import replace
-
-from configs import BASE
+from configs import BASE, replace
 
 CONFIG = replace(
     BASE,

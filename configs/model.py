@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
+from argparse import ArgumentTypeError
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from functools import cache
+from typing import Any, Literal, get_type_hints
 
-from .cli import integer, number, setting
+from .cli import converter, integer, number, setting
 from .errors import UserError
 
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Defaults are GPT-2 small (124M). The switches select the modern variant (RoPE, RMSNorm, ReLU^2, QK-norm,
-    no biases) within the same GPT class. TrainConfig inherits these fields, so each is also a train.py flag."""
+    """Defaults are GPT-2 small (124M); switches give the modern variant (RoPE, RMSNorm, ReLU^2, QK-norm, no bias)."""
 
-    vocab_size: int = setting(50257, "rows of the token embedding (GPT-2's BPE has 50257)", "model",
-                              integer(lo=1))
+    vocab_size: int = setting(50257, "rows of the token embedding (GPT-2's BPE has 50257)", "model", integer(lo=1))
     # Each block registers a T x T mask, which at T = 2**20 would already take 1 TiB.
     block_size: int = setting(1024, "context length in tokens", check=integer(1, 2**20))
-    # Each block is Python objects that take a few ms to build, so 2e9 layers would hang; DeepNet's 1,000
-    # layers are the deepest published.
+    # Each block takes a few ms to build, so 2e9 layers would hang; DeepNet's 1,000 layers are the deepest published.
     n_layer: int = setting(12, "transformer blocks", check=integer(1, 1000))
     n_head: int = setting(12, "attention heads per block; must divide n_embd", check=integer(lo=1))
     n_embd: int = setting(768, "width of the residual stream", check=integer(lo=1))
@@ -28,8 +28,7 @@ class GPTConfig:
     bias: bool = setting(True, "biases in Linear layers and norms, as GPT-2 has")
     pos_emb: Literal["learned", "rope"] = setting("learned", "learned absolute positions (GPT-2) or rotary")
     norm: Literal["layernorm", "rmsnorm"] = setting("layernorm", "LayerNorm (GPT-2) or RMSNorm")
-    activation: Literal["gelu", "gelu_exact", "relu2"] = setting("gelu", "GPT-2's tanh GELU, exact GELU or "
-                                                                 "relu(x)^2")
+    activation: Literal["gelu", "gelu_exact", "relu2"] = setting("gelu", "GPT-2's tanh GELU, exact GELU or relu(x)^2")
     qk_norm: bool = setting(False, "normalise queries and keys per head before their dot product")
     tie_weights: bool = setting(True, "lm_head shares its weight with the token embedding")
     mlp_ratio: int = setting(4, "the MLP's hidden width as a multiple of n_embd", check=integer(lo=1))
@@ -39,12 +38,14 @@ class GPTConfig:
                                                      "softmax(QK^T)V: same numbers, speed depends on the device")
 
     def __post_init__(self) -> None:
-        for f in fields(GPTConfig):
-            value, check, hint = getattr(self, f.name), f.metadata["check"], HINTS[f.name]
-            if check and (type(value) not in (int, check.kind) or not check.holds(value)):  # no bool, no 2.0
-                raise UserError(f"model config: {f.name} expects {check.expects}, got {value!r}")
-            if get_origin(hint) is Literal and value not in get_args(hint):
-                raise UserError(f"model config: {f.name} must be one of {get_args(hint)}, got {value!r}")
+        prefix = "model config: " if type(self) is GPTConfig else ""  # a TrainConfig's fields are its flags
+        for name, check in checks(type(self)).items():
+            value = getattr(self, name)
+            try:
+                if type(value) not in (int, type(check(value))):  # 1.0 for an int, "1" for a number: refused too
+                    raise ArgumentTypeError(f"expects {type(check(value)).__name__}, got {value!r}")
+            except ArgumentTypeError as e:
+                raise UserError(f"{prefix}{name} {e}") from None
         if self.n_embd % self.n_head:
             divisors = [h for h in range(1, 17) if self.n_embd % h == 0]
             raise UserError(f"model config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); pass "
@@ -62,8 +63,10 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any], **overrides: Any) -> GPTConfig:
         """From a saved dict (and overrides, e.g. dropout), ignoring keys this version does not know."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in {**d, **overrides}.items() if k in known})
+        return cls(**{k: v for k, v in {**d, **overrides}.items() if k in checks(cls)})
 
 
-HINTS = get_type_hints(GPTConfig)
+@cache
+def checks(cls: type) -> dict[str, Callable[[Any], Any]]:
+    """Each field's check: its setting's, else by its type (a number: at least 0)."""
+    return {f.name: f.metadata["check"] or converter(get_type_hints(cls)[f.name]) for f in fields(cls)}

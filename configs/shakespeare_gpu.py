@@ -6,9 +6,7 @@ nanoGPT's shape, dropout and batch; small's recipe (Muon, warmup-stable-decay to
 the corpus overfits after ~2000, so the run ends at its best. Measured on an H100: docs/gpu.md.
 """
 
-from dataclasses import replace
-
-from configs import BASE
+from configs import BASE, replace
 
 CONFIG = replace(
     BASE,

@@ -7,9 +7,7 @@ Each choice below was measured against nanoGPT's CPU recipe (AdamW 1e-3, cosine,
 positions): docs/performance.md has the figures and the commands.
 """
 
-from dataclasses import replace
-
-from configs import BASE
+from configs import BASE, replace
 
 CONFIG = replace(
     BASE,

@@ -3,9 +3,7 @@
     python train.py --config tiny
 """
 
-from dataclasses import replace
-
-from configs import BASE
+from configs import BASE, replace
 
 CONFIG = replace(
     BASE,

@@ -1,8 +1,7 @@
 """Data: tokenizers, token files, batch loaders and `python -m data.prepare`.
 
-The names load on first use. `python -m data.prepare` runs this file before its own code, which must come
-first to make Ctrl-C during numpy's import one line, and the loader needs torch, which is slow to import.
-data.prepare is not among them, so that `python -m` runs it only once.
+The names load on first use: data.prepare (left out, so that `python -m` runs it once) must run its first
+lines before numpy is imported, and the loader needs torch, which is slow to import.
 """
 
 import importlib

@@ -23,8 +23,6 @@ from configs.errors import UserError
 
 from .tokenfile import read_tokens
 
-SAMPLINGS = ("random", "epoch")
-
 
 def _load_windows(path: str | os.PathLike, block_size: int) -> tuple[np.ndarray, int]:
     """A sliding-window view of the split, shape (n - block_size, block_size + 1), and n, its length."""
@@ -50,8 +48,6 @@ class BatchLoader:
 
     def __init__(self, path: str | os.PathLike, block_size: int, batch_size: int, seed: int = 1337,
                  sampling: str = "random") -> None:
-        if sampling not in SAMPLINGS:
-            raise UserError(f"unknown sampling {sampling!r}; choose one of: {', '.join(SAMPLINGS)}")
         self.block_size, self.batch_size, self.seed, self.sampling = block_size, batch_size, seed, sampling
         self._windows, self.n_tokens = _load_windows(path, block_size)
         self.n_windows = n_windows = (self.n_tokens - 1) // block_size  # the non-overlapping ones, for "epoch"

@@ -23,13 +23,15 @@ start_script(__name__)  # first, so that Ctrl-C during the imports below (numpy,
 
 import contextlib
 import errno
+import fcntl
 import hashlib
+import math
 import os
 import re
 import shutil
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -41,7 +43,7 @@ from configs.errors import UserError, entry_point
 
 from .files import is_dataset, swap_dir, write_errors, write_json
 from .manifest import read_dataset_manifest
-from .sources import Source, dataset_source, files_source, split_name, text_source
+from .sources import Source, dataset_source, files_source, text_source
 from .tokenfile import VERSION, dtype_for_vocab, read_tokens, truncate_tokens, write_tokens
 from .tokenizer import TOKENIZERS, GPT2Tokenizer, Tokenizer, get_tokenizer
 
@@ -58,56 +60,37 @@ _SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
 
 def _resolve(name: str | None, text: Any, files: Any, hf: str | None, subset: str | None, split: str,
              revision: str | None, text_column: str, streaming: bool, tokenizer: str | None) -> tuple[Source, str, str]:
-    """The source, tokenizer name and output name that prepare()'s arguments ask for. An option that the source
-    given would silently ignore is refused."""
+    """The source, tokenizer and output name that prepare()'s arguments ask for; options it would ignore are refused."""
     if len(given := [flag for flag, v in (("--text", text), ("--files", files), ("--hf", hf)) if v]) > 1:
         raise UserError(f"give one source, not {' and '.join(given)}")
     hub = [f for f, v in (("--subset", subset), ("--split", split != "train"), ("--revision", revision),
                           ("--streaming", streaming)) if v]
     if hub and not hf:
         raise UserError(f"{', '.join(hub)}: for --hf datasets only; drop {'them' if len(hub) > 1 else 'it'}")
-    if hf and Path(hf).is_file():  # else it would be taken for a hub id, with advice to download it
-        raise UserError(f"--hf {hf} is a file; --hf takes a dataset directory or hub id: give a text file to --text, "
-                        "a parquet, jsonl, json or csv file to --files")
-    if hf and Path(hf).is_dir() and (local := [f for f in hub if f in ("--revision", "--streaming")]):
-        raise UserError(f"{', '.join(local)}: for hub datasets; {hf} is a local folder, read as it is; "
-                        f"drop {'them' if len(local) > 1 else 'it'}")
     if text_column != "text" and not (hf or files):
         raise UserError("--text-column: for --hf datasets and --files with columns (parquet, jsonl, json, csv); "
                         "drop it")
-    if not given:
-        return _preset(name, tokenizer)
+    if not given:  # a preset: the bundled text, under the preset's tokenizer
+        if name is None:
+            raise UserError(f"name a preset ({', '.join(PRESETS)}) or give --text, --files or --hf")
+        if name not in PRESETS:
+            raise UserError(f"unknown dataset preset {name!r}; presets: {', '.join(PRESETS)} "
+                            "(or prepare your own text with --text/--files/--hf)")
+        if tokenizer not in (None, PRESETS[name]):
+            raise UserError(f"preset {name!r} uses tokenizer {PRESETS[name]!r}; for another "
+                            f"tokenizer use --text {_SHAKESPEARE} --tokenizer {tokenizer}")
+        source = text_source(_SHAKESPEARE)  # recorded relative to the repository: a moved checkout is no new source
+        source.description["path"] = str(_SHAKESPEARE.relative_to(CORPORA.parent.parent))
+        return source, PRESETS[name], name
     tokenizer = tokenizer or "gpt2"
     if tokenizer not in TOKENIZERS:
         raise UserError(f"unknown tokenizer {tokenizer!r}; choose one of: {', '.join(TOKENIZERS)}")
-    if text:
-        source = text_source(text)
-        stem = split_name(Path(text))[0] if source.single else Path(text).resolve().name
-    elif files:
-        source = files_source(files, text_column)
-        stem = split_name(Path(source.description["paths"][0]))[0]
-    else:
-        source = dataset_source(hf, subset, split, text_column, streaming, revision)  # type: ignore[arg-type]
-        stem = (Path(hf).resolve().name if Path(hf).is_dir() else hf.replace("/", "_")) + (f"_{subset}" * bool(subset))
-    name = name or (stem + ("_char" if tokenizer == "char" else ""))
+    source = (text_source(text) if text else files_source(files, text_column) if files
+              else dataset_source(hf, subset, split, text_column, streaming, revision))  # type: ignore[arg-type]
+    name = name or (source.stem + ("_char" if tokenizer == "char" else ""))
     if name in PRESETS:  # a run asking for the preset would rebuild it from the bundled text over this one
         raise UserError(f"{name!r} is a preset's name; pass another --name for this text")
     return source, tokenizer, name
-
-
-def _preset(name: str | None, tokenizer: str | None) -> tuple[Source, str, str]:
-    """A preset's bundled text and tokenizer."""
-    if name is None:
-        raise UserError(f"name a preset ({', '.join(PRESETS)}) or give --text, --files or --hf")
-    if name not in PRESETS:
-        raise UserError(f"unknown dataset preset {name!r}; presets: {', '.join(PRESETS)} "
-                        "(or prepare your own text with --text/--files/--hf)")
-    if tokenizer not in (None, PRESETS[name]):
-        raise UserError(f"preset {name!r} uses tokenizer {PRESETS[name]!r}; for another "
-                        f"tokenizer use --text {_SHAKESPEARE} --tokenizer {tokenizer}")
-    source = text_source(_SHAKESPEARE)  # recorded relative to the repository: a moved checkout is no new source
-    source.description["path"] = str(_SHAKESPEARE.relative_to(CORPORA.parent.parent))
-    return source, PRESETS[name], name
 
 
 def _reusable(out_dir: Path, source: Source, tokenizer: str, val_fraction: float) -> dict[str, Any] | None:
@@ -126,30 +109,38 @@ def _reusable(out_dir: Path, source: Source, tokenizer: str, val_fraction: float
 def _encode(tok: Tokenizer, docs: list[str], separate: bool, threads: int) -> np.ndarray:
     """Encode texts in the file dtype, each followed by the document separator if ``separate``. tiktoken encodes
     GPT-2's on `threads` threads; the char tokenizer's numpy search is fast enough on one."""
-    if isinstance(tok, GPT2Tokenizer):
-        parts = [np.array(ids, np.int64) for ids in tok.enc.encode_ordinary_batch(docs, num_threads=threads)]
-    else:
-        parts = [tok.encode_array(doc) for doc in docs]
+    parts = ([np.array(ids, np.int64) for ids in tok.enc.encode_ordinary_batch(docs, num_threads=threads)]
+             if isinstance(tok, GPT2Tokenizer) else [tok.encode_array(doc) for doc in docs])
     if separate:
         sep = np.asarray([tok.eot_id] if tok.eot_id is not None else tok.encode(CHAR_DOC_SEPARATOR))
         parts = [p for doc in parts for p in (doc, sep)]
     return np.concatenate(parts).astype(dtype_for_vocab(tok.vocab_size))
 
 
-def _text_chunks(text: str, bar: Any, threads: int) -> Iterator[list[str]]:
-    """The text in batches of `threads` pieces of about _CHUNK_CHARS characters. Each piece is cut after a lone
-    newline before a non-space, where GPT-2's pre-tokenizer ends a piece anyway, so the pieces encode to exactly
-    the whole text's tokens."""
-    pos, batch = 0, []
+def _pieces(text: str, bar: Any) -> Iterator[str]:
+    """The text in pieces of about _CHUNK_CHARS characters, each cut after a lone newline before a non-space,
+    where GPT-2's pre-tokenizer ends a piece anyway: the pieces encode to exactly the whole text's tokens."""
+    pos = 0
     while pos < len(text):
         cut = _SAFE_CUT.search(text, min(pos + _CHUNK_CHARS, len(text)))
         end = cut.start() if cut else len(text)
-        batch.append(text[pos:end])
         bar.update(end - pos)
+        yield text[pos:end]
         pos = end
-        if len(batch) == threads or pos == len(text):
+
+
+def _batches(texts: Iterable[str], count: int, chars: float = math.inf) -> Iterator[list[str]]:
+    """The texts in lists of `count`, or fewer where they reach `chars` characters first."""
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if len(batch) >= count or size >= chars:
             yield batch
-            batch = []
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
 def _split_point(n: int, val_fraction: float) -> int:
@@ -172,7 +163,7 @@ def _prepare_single_text(source: Source, tok_name: str, out_dir: Path, val_fract
     with tqdm(total=len(corpus), unit="char", unit_scale=True, desc=f"{out_dir.name}: tokenizing",
               disable=not verbose or len(corpus) < 4 * _CHUNK_CHARS) as bar:
         for split, part in (("train", corpus[:cut]), ("val", corpus[cut:])):
-            encoded = (_encode(tok, batch, False, num_proc) for batch in _text_chunks(part, bar, num_proc))
+            encoded = (_encode(tok, batch, False, num_proc) for batch in _batches(_pieces(part, bar), num_proc))
             counts[split] = write_tokens(out_dir / f"{split}.bin", encoded, tok.vocab_size)
     return tok, counts, source.sha256
 
@@ -187,24 +178,16 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
         for doc in tqdm(source.documents(), desc=f"{out_dir.name}: char vocabulary", **opts):
             chars.update(doc)
     tok = get_tokenizer(tok_name, chars=sorted(chars) if tok_name == "char" else None)
-    hasher, documents, stream = hashlib.sha256(), source.documents(), out_dir / "stream.tmp"
+    hasher, stream = hashlib.sha256(), out_dir / "stream.tmp"
 
-    def batches() -> Iterator[list[str]]:  # hashed on the way; an empty document would add only a separator
-        batch: list[str] = []
-        size = 0
-        for doc in filter(str.strip, documents):
-            hasher.update(doc.encode("utf-8", "surrogatepass") + b"\x1e")
-            bar.update(1)
-            batch.append(doc)
-            size += len(doc)
-            if len(batch) >= _BATCH_DOCS or size >= _BATCH_CHARS:
-                yield batch
-                batch, size = [], 0
-        if batch:
-            yield batch
+    def encoded(docs: list[str]) -> np.ndarray:
+        hasher.update(("\x1e".join(docs) + "\x1e").encode("utf-8", "surrogatepass"))  # as if document by document
+        return _encode(tok, docs, True, num_proc)
 
-    with tqdm(desc=f"{out_dir.name}: tokenizing", **opts) as bar:
-        write_tokens(stream, (_encode(tok, batch, True, num_proc) for batch in batches()), tok.vocab_size)
+    # documents() is called before the bar opens, so that a hub that cannot be reached is one line of error
+    with tqdm(source.documents(), desc=f"{out_dir.name}: tokenizing", **opts) as documents:
+        batches = _batches(filter(str.strip, documents), _BATCH_DOCS, _BATCH_CHARS)  # empty ones add only separators
+        write_tokens(stream, map(encoded, batches), tok.vocab_size)
     tokens = read_tokens(stream)
     if len(tokens) == 0:
         raise UserError(f"{source.label} has no text; give a non-empty corpus")
@@ -220,8 +203,6 @@ def _prepare_documents(source: Source, tok_name: str, out_dir: Path, val_fractio
 def hold_dataset(ds_dir: str | os.PathLike, *, rebuild: bool = False) -> IO[str]:
     """Keep dataset ds_dir as it is until the returned file is closed or the process ends. Holders (runs, DDP
     ranks) share it, and a prepare meanwhile fails with one line; rebuild=True, a prepare's own, excludes all."""
-    import fcntl
-
     ds_dir = Path(ds_dir)
     path = ds_dir.parent / f".{ds_dir.name}.lock"  # beside the folder, since a lock inside would be swapped out
     while True:

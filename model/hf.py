@@ -165,21 +165,16 @@ def pretrained_manifest(path: Path, ckpt: dict[str, Any] | None) -> dict[str, An
     return saved
 
 
-def check_exportable(c: GPTConfig) -> None:
-    """HF GPT-2 has learned positions, LayerNorm, GELU, biases and no QK-norm; refuse the rest."""
-    if differ := [k for k, v in GPT2_ARCH.items() if getattr(c, k) != v]:
-        has = ", ".join(f"{k}={getattr(c, k)}" for k in differ)
-        raise UserError(f"Hugging Face GPT-2 cannot express this model ({has}); train with "
-                        f"{' '.join(_ARCH_FLAGS[k] for k in differ)} for a run that exports")
-
-
 def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_size: int | None = None) -> Path:
     """Write model as a HF GPT-2 directory that `GPT2LMHeadModel.from_pretrained` loads. eot_id is the
     tokenizer's end-of-text, if any; vocab_size (the tokenizer's) drops the rows of a padded embedding."""
     from safetensors.torch import save
 
     c = model.config
-    check_exportable(c)
+    if differ := [k for k, v in GPT2_ARCH.items() if getattr(c, k) != v]:  # learned positions, LayerNorm, GELU, ...
+        has = ", ".join(f"{k}={getattr(c, k)}" for k in differ)
+        raise UserError(f"Hugging Face GPT-2 cannot express this model ({has}); train with "
+                        f"{' '.join(_ARCH_FLAGS[k] for k in differ)} for a run that exports")
     vocab = vocab_size or c.vocab_size
     path = Path(path)
     state = {}
@@ -225,7 +220,6 @@ def export_run(run: str | Path, out: str | Path) -> Path:
     model, ckpt = load_model(ckpt_path)
     manifest = pretrained_manifest(ckpt_path, ckpt)
     tok = tokenizer_from_manifest(manifest)
-    check_exportable(model.config)  # before anything is written
     # Built beside the target, then swapped in: a failed or killed export leaves the target as it was.
     for old in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):  # .NAME.PID.tmp
         try:

@@ -164,13 +164,9 @@ class KVCache:
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.max_len, self.pos = max_len, 0
-        self.slots = torch.empty(0, dtype=torch.long, device=device)
-        self.attn_mask = self.mask[:, None, None, :]  # (B, L) -> (B, 1, 1, L)
 
     def claim(self, T: int) -> torch.Tensor:
         """Host side of a step: reserve the next T slots and return their indices (T,)."""
-        if self.pos + T > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions, asked for {self.pos + T}")
         self.pos += T
         return torch.arange(self.pos - T, self.pos, device=self.mask.device)
 

@@ -1,20 +1,13 @@
-"""Views inside a model, by forward hooks: the shape walk, hidden states, attention maps.
-
-`python -m model` prints the walk; `sample.py --show-attention` draws the maps."""
+"""Forward hooks that look inside a model: the shape walk, hidden states, attention weights."""
 
 from __future__ import annotations
 
-import errno
-import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
-
-from configs.errors import UserError
 
 from .attention import CausalSelfAttention
 from .gpt import GPT
@@ -86,63 +79,3 @@ def shape_trace(model: GPT, batch_size: int = 1, seq_len: int | None = None, blo
     lines.append(f"logits {tuple(logits.shape)}: one score per vocabulary entry at every position")
     return "\n".join(lines)
 
-
-def token_label(tok: Any, token_id: int) -> str:
-    return tok.decode([token_id]).replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423")
-
-
-@torch.no_grad()
-def plot_attention(model: GPT, tok: Any, ids: list[int], path: str, layer: int) -> Path:
-    """One heat map per head of `layer` (query rows, key columns) for the prompt, as a PNG."""
-    n_layer = model.config.n_layer
-    if not -n_layer <= layer < n_layer:
-        raise UserError(f"--layer {layer} is out of range: the model has layers 0..{n_layer - 1}")
-    try:  # a Figure of its own, not pyplot's: no GUI backend, nothing to close
-        from matplotlib.colors import PowerNorm
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise UserError("--show-attention needs matplotlib: pip install matplotlib") from None
-    layer %= n_layer
-    ids = ids[-model.config.block_size :]
-    x = torch.tensor([ids], device=next(model.parameters()).device)
-    att = attention_weights(model, x)[1][layer][0].float().cpu()  # (nh, T, T)
-    nh, T = att.shape[0], att.shape[-1]
-    ncols = math.ceil(math.sqrt(nh))  # a near-square grid of heads
-    nrows = math.ceil(nh / ncols)
-    labels = [token_label(tok, i) for i in ids] if T <= 48 else None
-    size = 3.5 if labels is None else min(9.0, max(3.5, 0.15 * T + 1.0))  # inches per head
-    fig = Figure(figsize=(ncols * size + 1.0, nrows * size + 0.6), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    for ax in axes.flat[nh:]:
-        ax.axis("off")
-    for h, ax in enumerate(axes.flat[:nh]):
-        # sqrt colour scale: weights spread over many keys stay visible next to sharp peaks
-        image = ax.imshow(att[h].numpy(), cmap="viridis", norm=PowerNorm(0.5, vmin=0.0, vmax=1.0),
-                          interpolation="nearest")
-        ax.set_title(f"head {h}", fontsize=10)
-        if labels is not None:
-            fs = max(5, min(9, 220 // T))
-            ax.set_xticks(range(T), labels, rotation=90, fontsize=fs, fontfamily="monospace")
-            ax.set_yticks(range(T), labels, fontsize=fs, fontfamily="monospace")
-        if h % ncols == 0:
-            ax.set_ylabel("query (attending)")
-        if h >= nh - ncols:
-            ax.set_xlabel("key (attended to)")
-    fig.suptitle(f"attention weights, layer {layer} (of 0..{n_layer - 1}), {T} prompt tokens")
-    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="weight")
-    return _save(fig, path)
-
-
-def _save(fig: Any, path: str) -> Path:
-    """fig as a PNG at path (.png added when it has no suffix); a path it cannot write is one line."""
-    out = Path(path) if Path(path).suffix else Path(path).with_suffix(".png")  # what savefig writes then
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
-    except ValueError as e:  # an extension matplotlib cannot write
-        raise UserError(f"--show-attention {path}: {e}") from None
-    except OSError as e:
-        raise UserError(f"--show-attention {path}: cannot write there ({e.strerror or e}); "
-                        + ("raise the file-size limit or free disk space" if e.errno in (errno.EFBIG, errno.ENOSPC)
-                           else "pick another path")) from None
-    return out

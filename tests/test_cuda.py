@@ -57,7 +57,7 @@ def test_compiled_training_step_matches_eager_with_fused_adamw():
 
 @pytest.mark.compiles
 def test_compiled_gpt2_training_step_peaks_within_15_percent_of_the_plan():
-    """What --plan says a GPT-2-shaped compiled bf16 step needs is what it takes: the plan and the
+    """What the estimate says a GPT-2-shaped compiled bf16 step needs is what it takes: the plan and the
     code cannot drift apart unseen (the plan was 44% low while compiling switched the attention)."""
     from types import SimpleNamespace
 

@@ -118,14 +118,6 @@ def test_resume_refuses_incomplete_or_unfitting_checkpoints(tmp_path, data_root,
     assert "its checkpoint has no optimizer" in line
 
 
-def test_show_attention_to_an_unwritable_path_is_one_line(tmp_path, data_root, capsys):
-    pytest.importorskip("matplotlib")
-    assert train.main(args(tmp_path, data_root)) == 0
-    png = tmp_path / "ckpt.pt" / "attn.png"  # below a file
-    argv = ["--ckpt", str(tmp_path), "--prompt", "ROMEO", "--show-attention", str(png), "--max-new-tokens", "0"]
-    assert "--show-attention" in fails(capsys, sample.main, argv)
-
-
 @pytest.fixture
 def two_processes(tmp_path, data_root, tmp_path_factory):
     """tiny training as 2 processes (gloo), started as torchrun would and in step; yields them
@@ -430,9 +422,7 @@ def test_bad_input_of_the_second_pass_is_one_line_and_changes_nothing(tmp_path, 
     cores = os.cpu_count()  # a billion threads ended in OpenMP's out-of-memory abort
     assert f"--threads {cores + 1}: this process may use {cores} cores; use at most {cores}" in fails(
         capsys, train.main, args(tmp_path / "t", data_root, "--threads", str(cores + 1)))
-    assert fails(capsys, train.main, args(tmp_path / "g", data_root, "--gpu", "a100", "--mfu", "0.5")) == (
-        "error: --gpu, --mfu: for --plan only; add --plan or drop them")  # it trained on this machine
-    assert not (tmp_path / "t").exists() and not (tmp_path / "g").exists()
+    assert not (tmp_path / "t").exists()
     (tmp_path / "list.toml").write_text('base = "tiny"\nout_dir = ["x"]\n')  # it trained into a folder "['x']"
     assert fails(capsys, train.main, ["--config", str(tmp_path / "list.toml")]).endswith("out_dir expects text, got ['x']")
     assert "--seq-len 33 is longer than the config's block_size 32" in fails(
@@ -454,8 +444,6 @@ def test_bad_input_of_the_third_pass_is_one_line(tmp_path, data_root, capsys, mo
             capsys, train.main, args(tmp_path / "r", data_root, "--resume", *flag))
     assert "--warmup-iters 100 is longer than the run (--max-iters 2)" in fails(
         capsys, train.main, args(tmp_path / "w", data_root, "--warmup-iters", "100"))  # it trained at lr ~0
-    assert "--mfu: expects a number in [0.001, 1]" in fails(capsys, train.main, ["--plan", "--mfu", "1e-300"])
-    assert "--gpu names nothing" in fails(capsys, train.main, ["--plan", "--gpu", ""])  # it planned for an h100
     assert train.main(args(tmp_path / "run", data_root, "--eval-interval", "1")) == 0
     assert f"{tmp_path / 'run'} has no train.bin: a run's or an exported model's folder" in fails(
         capsys, train.main, args(tmp_path / "x", tmp_path, "--dataset", "run"))  # it said to run data.prepare
@@ -467,8 +455,6 @@ def test_bad_input_of_the_third_pass_is_one_line(tmp_path, data_root, capsys, mo
         (tmp_path / "t.toml").write_text(f'base = "tiny"\n{field}\n')
         assert fails(capsys, train.main, ["--config", str(tmp_path / "t.toml")]).startswith(
             f"error: {tmp_path / 't.toml'}: {line}")
-    assert train.main(["--plan", "--init-from", str(tmp_path / "run")]) == 0  # it planned small's shape, unsaid
-    assert "note: this plans the config's shape, not --init-from" in capsys.readouterr().err
     cfg = load_config(str(tmp_path / "run"), ["--resume", "--max-iters", "4"])  # it resumed out/tiny instead
     assert cfg.run_dir == tmp_path / "run" and cfg.resume
 
@@ -504,18 +490,10 @@ def test_messages_that_named_the_wrong_cause(tmp_path, data_root, monkeypatch, c
                                  "output folder")
 
 
-def test_show_attention_names_the_file_it_wrote(tmp_path, data_root, capsys):
-    pytest.importorskip("matplotlib")
-    assert train.main(args(tmp_path / "run", data_root)) == 0
-    argv = ["--ckpt", str(tmp_path / "run"), "--prompt", "ROMEO", "--max-new-tokens", "0"]
-    assert sample.main([*argv, "--show-attention", str(tmp_path / "attn")]) == 0
-    assert f"note: wrote {tmp_path / 'attn.png'}" in capsys.readouterr().err and (tmp_path / "attn.png").is_file()
-
-
 def test_empty_values_and_hub_only_options_are_refused_not_ignored(tmp_path, data_root, capsys):
-    for option in ("--config", "--init-from", "--prompt-file", "--show-attention"):
+    for option in ("--config", "--init-from", "--prompt-file"):
         assert "names nothing" in fails(capsys, sample.main, [option, "", "--max-new-tokens", "1"])
-    assert "--data-root and --dataset must not be empty" in fails(capsys, train.main, args(tmp_path, "", "--plan"))
+    assert "--data-root and --dataset must not be empty" in fails(capsys, train.main, args(tmp_path, ""))
     (tmp_path / "a.txt").write_text(SHAKESPEARE[:3000])
     line = fails(capsys, prepare_main, ["--text", str(tmp_path / "a.txt"), "--subset", "x", "--split", "test",
                                         "--out-root", str(tmp_path)])

@@ -333,15 +333,6 @@ def test_lengths_become_a_mask_on_their_own_device():
     assert lengths_to_mask(torch.tensor([2, 0], device="meta"), 3).device.type == "meta"
 
 
-def test_attention_map_labels_show_whitespace():
-    from data import get_tokenizer
-    from model.trace import token_label
-
-    tok = get_tokenizer("char", text="a \n\t")
-    assert [token_label(tok, i) for i in tok.encode("a \n\t")] == ["a", "\u2423", "\\n", "\\t"]
-    assert token_label(get_tokenizer("gpt2"), 50256) == "<|endoftext|>"
-
-
 def test_kv_cache_lives_on_the_device_and_dtype_it_is_given():
     from model import KVCache
 

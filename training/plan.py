@@ -1,9 +1,4 @@
-"""Memory and time of a run before it starts: the fit check, --batch-size auto and train.py --plan.
-
-    python train.py --config gpt2 --plan --gpu a100-40gb --n-layer 24 --n-embd 1024 --n-head 16
-
-docs/planning.md explains each term of the estimate and how it was checked against measured peaks.
-"""
+"""A run's peak memory before it starts, for the fit check and --batch-size auto (docs/planning.md)."""
 
 from __future__ import annotations
 
@@ -23,12 +18,10 @@ from configs.errors import UserError, first_line
 from configs.model import GPTConfig
 from model.gpt import GPT
 from training.optim import Muon, configure_optimizer
-from training.runtime import GPUS
 
 F32 = 4  # bytes of a float32: parameters, gradients, optimizer state, the residual stream
 GiB = 2**30
 USABLE = 0.9  # the share of a GPU's memory to plan on: the CUDA context and the allocator's fragments take the rest
-DEFAULT_MFU = 0.3  # what nanoGPT's GPT-2 runs reach; tiny models reach far less (docs/planning.md)
 ADVICE = "use --batch-size auto, a smaller --block-size or a smaller model"
 
 
@@ -43,8 +36,7 @@ def meta_model(mc: GPTConfig) -> GPT:
 
 
 def activation_bytes(mc: GPTConfig, batch: int, seq: int, low_precision: bool, compiled: bool) -> int:
-    """The bytes at the peak that grow with the batch: what each layer saves for the backward, plus the
-    backward's largest transient."""
+    """The peak's bytes that grow with the batch: what each layer saves for the backward, and its largest transient."""
     a = 2 if low_precision else F32
     copy = a if low_precision else 0  # autocast's low-precision copy of an fp32 tensor
     C, H, V, nh = mc.n_embd, mc.mlp_ratio * mc.n_embd, mc.vocab_size, mc.n_head
@@ -66,8 +58,7 @@ def activation_bytes(mc: GPTConfig, batch: int, seq: int, low_precision: bool, c
     lm_head = 2 * a * V * tokens + (copy + F32) * V * C  # the logits and their gradient, then the weight's
     last_mlp = a * V + 2 * a * H
     last_attention = a * V + (2 * F32 - copy) * scores - (F32 + a) * C - 2 * a * H if explicit else 0
-    # the transient: the loss's backward, lm_head's (a fixed V x C weight gradient that wins at
-    # small batches) or, with a small vocabulary, the last block's
+    # the transient: the loss's backward, lm_head's (a fixed V x C: wins at small batches) or the last block's
     transient = max(tokens * max(loss, last_mlp, last_attention), lm_head)
     return tokens * (mc.n_layer * layer + head) + transient
 
@@ -102,9 +93,7 @@ class Estimate:
                    muon_group=max((shape.numel() * n for shape, n in shapes.items()), default=0))
 
     def memory(self, batch: int) -> dict[str, int]:
-        """Peak bytes per process by part. The "total" is what lives throughout (gradients too, as from the second
-        micro-step on) plus the largest of the activations with the autocast copies, the compiled backward and
-        Muon's step, since the last two come after the activations are freed."""
+        """Peak bytes per process by part, and their "total": what lives throughout plus the largest of the rest."""
         mc, low = self.config, self.low_precision
         a, VC = (2 if low else F32), mc.vocab_size * mc.n_embd
         parts = {
@@ -126,12 +115,9 @@ class Estimate:
         return parts
 
     def largest_batch(self, budget: float, divides: int = 0) -> int:
-        """The largest micro-batch whose peak fits in budget bytes (0 if none). With divides, the largest divisor
-        of `divides` up to that, so that gradient accumulation keeps the global batch."""
-        over = 1  # memory grows with the batch: double past the budget, then bisect
-        while self.memory(over)["total"] <= budget:
-            over *= 2
-        best = max(0, bisect.bisect_right(range(over), budget, key=lambda b: self.memory(b)["total"]) - 1)
+        """The largest micro-batch whose peak fits in budget bytes (0 if none), and with divides, that divides it."""
+        # Memory grows with the batch, so bisection finds the last that fits among all a machine could hold.
+        best = max(0, bisect.bisect_right(range(2**40), budget, key=lambda b: self.memory(b)["total"]) - 1)
         if divides:
             best = max((d for d in range(1, min(best, divides) + 1) if divides % d == 0), default=0)
         return best
@@ -144,8 +130,7 @@ def free_memory(device: str) -> int:
     if device == "mps":
         return torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
     try:
-        with open("/proc/meminfo") as f:
-            return int(re.search(r"MemAvailable:\s+(\d+) kB", f.read()).group(1)) * 1024
+        return int(re.search(r"MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text()).group(1)) * 1024
     except (OSError, AttributeError):  # not Linux: free pages, which leaves out the page cache
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
@@ -159,8 +144,7 @@ def least_free(rt: Any) -> float:
 
 
 def check_fits(cfg: TrainConfig, mc: GPTConfig, rt: Any) -> None:
-    """Refuse a run whose estimated peak exceeds the free memory before the model is built, since its masks alone
-    take block_size^2 bytes a layer: otherwise the kernel kills it unannounced, or CUDA fails."""
+    """Refuse a run whose estimated peak exceeds the free memory before its masks (block_size^2 bytes a layer) exist."""
     try:
         free = math.inf if rt.device == "mps" else least_free(rt)
     except (OSError, ValueError):  # neither MemAvailable nor sysconf's page count
@@ -168,13 +152,12 @@ def check_fits(cfg: TrainConfig, mc: GPTConfig, rt: Any) -> None:
     est = Estimate.of(meta_model(mc), cfg, rt.dtype != torch.float32, rt.world_size)
     need = est.memory(cfg.batch_size or 1)["total"]  # --batch-size auto: its smallest choice
     if need > free:
-        raise UserError(f"this run needs about {need / GiB:.1f} GiB (the plan: --plan) but the {rt.device} has "
+        raise UserError(f"this run needs about {need / GiB:.1f} GiB but the {rt.device} has "
                         f"{free / GiB:.1f} GiB available; {ADVICE}")
 
 
 def out_of_memory(e: BaseException, device: str, ckpt: Path | None = None) -> UserError | None:
-    """The one line for an allocation that failed anyway, or None for any other error, which keeps its traceback.
-    Saves are atomic, so a checkpoint on disk is whole."""
+    """The one line for an allocation that failed anyway, or None for any other error, which keeps its traceback."""
     # the CPU allocator's error (torch 2.13) is a plain RuntimeError: only its text tells it apart
     if isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "DefaultCPUAllocator: can't allocate memory" in str(e):
         return UserError(f"out of memory on {device} ({first_line(e)}); {ADVICE}"
@@ -182,19 +165,12 @@ def out_of_memory(e: BaseException, device: str, ckpt: Path | None = None) -> Us
     return None
 
 
-def sequences_per_step(cfg: TrainConfig, nproc: int) -> int:
-    """The sequences each process handles per optimizer step (micro-batch x accumulation)."""
-    if not cfg.batch_size and not cfg.tokens_per_step:
-        raise UserError("--batch-size auto keeps --tokens-per-step by gradient accumulation: give it too "
-                        f"(e.g. --tokens-per-step {64 * cfg.block_size * nproc})")
-    batch = cfg.batch_size or 1  # auto: any micro-batch that divides the share will do
-    return batch * replace(cfg, batch_size=batch).accumulation(nproc)
-
-
 def auto_batch_size(cfg: TrainConfig, model: GPT, rt: Any) -> TrainConfig:
-    """--batch-size auto (batch_size 0): the largest micro-batch that fits USABLE of the free memory and divides
-    this process's share of tokens_per_step. It prints what it chose and why."""
-    share, free = sequences_per_step(cfg, rt.world_size), least_free(rt)
+    """--batch-size auto: the largest micro-batch that fits and divides this process's share of tokens_per_step."""
+    if not cfg.tokens_per_step:
+        raise UserError("--batch-size auto keeps --tokens-per-step by gradient accumulation: give it too "
+                        f"(e.g. --tokens-per-step {64 * cfg.block_size * rt.world_size})")
+    share, free = replace(cfg, batch_size=1).accumulation(rt.world_size), least_free(rt)
     est = Estimate.of(model, cfg, rt.dtype != torch.float32, rt.world_size)
     fit = est.largest_batch(USABLE * free, divides=share)
     why = f"{free / GiB:.1f} GiB free on {rt.device}, planning on {USABLE:.0%}"
@@ -209,52 +185,3 @@ def auto_batch_size(cfg: TrainConfig, model: GPT, rt: Any) -> TrainConfig:
               + (f"; {bigger} would need {est.memory(bigger)['total'] / GiB:.2f} GiB" if bigger else ""))
     return replace(cfg, batch_size=fit)
 
-
-def gpu_spec(name: str) -> tuple[str, int, float]:
-    """(label, memory bytes, dense bf16 FLOP/s) for --gpu NAME: a runtime.GPUS name in any case, "RTX " optional
-    (h100, a100, 4090), with another memory size as in a100-40gb."""
-    short = {k: k.lower().removeprefix("rtx ") for k in GPUS}
-    match = re.fullmatch(r"(?:rtx)?(.+?)(?:-(\d+)gb)?", name.lower().replace(" ", ""))
-    key = next((k for k, s in short.items() if match and match[1] == s), None)
-    if key is None:
-        raise UserError(f"--gpu {name!r} is not in the table; choose one of {', '.join(short.values())} "
-                        "(a100-40gb: another size)")
-    flops, gb = GPUS[key][0], int(match[2] or GPUS[key][1])
-    return f"{key} {gb}GB", gb * GiB, flops
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("days", 86400), ("h", 3600), ("min", 60), ("s", 1)):
-        if seconds >= 2 * size:
-            return f"{seconds / size:.1f} {unit}"
-    return f"{seconds * 1e3:.1f} ms"
-
-
-def plan_report(cfg: TrainConfig, vocab_size: int, gpu: str, nproc: int, mfu: float) -> str:
-    """What train.py --plan prints: the size, compute, memory per GPU and time of cfg on nproc x gpu."""
-    label, capacity, peak = gpu_spec(gpu)
-    model, T, budget = meta_model(cfg.model_config(vocab_size)), cfg.block_size, USABLE * capacity
-    est, share = Estimate.of(model, cfg, cfg.dtype != "float32", nproc), sequences_per_step(cfg, nproc)
-    fit, keep = est.largest_batch(budget), est.largest_batch(budget, divides=share)
-    B = cfg.batch_size or keep or 1  # auto: what it would pick
-    mem, tokens, flops = est.memory(B), share * T * nproc, model.flops_per_token(T)
-    unit, unit_name = (GiB, "GiB") if mem["total"] >= GiB else (2**20, "MiB")
-    embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
-    step = flops * tokens / (nproc * peak * mfu)
-    fits = (f"up to micro-batch {fit}; keeping {tokens:,} tokens/step: {keep} x {share // keep} accumulation" if fit
-            else f"nothing: one sequence needs {est.memory(1)['total'] / GiB:.1f} GiB")
-    return "\n".join([
-        f"plan for {cfg.name} on {nproc} x {label} ({peak / 1e12:.0f} TFLOP/s dense bf16); estimates only",
-        f"parameters    {est.params:,} = {embedding:,} embedding + {est.params - embedding:,} other",
-        f"FLOPs         {flops / 1e6:,.1f} MFLOP per token (6 per matmul weight + attention: MFU's count)",
-        f"batch         {tokens:,} tokens/step = {B} sequences x {T} tokens x {nproc} "
-        f"process{'es' if nproc > 1 else ''} x {share // B} accumulation",
-        f"memory per GPU in {unit_name}: {'bf16 autocast' if est.low_precision else 'float32'}, "
-        f"{est.config.attention} attention, {'compiled' if est.compiled else 'eager'}",
-        *(f"  {k:<24}{v / unit:8.2f}" for k, v in mem.items() if v and k != "total"),
-        f"  {'peak':<24}{mem['total'] / unit:8.2f}  of {budget / unit:,.1f} usable ({USABLE:.0%} of "
-        f"{capacity / GiB:.0f} GiB): {'fits' if mem['total'] <= budget else 'does NOT fit'}",
-        f"fits          {fits}",
-        f"time          {_duration(step)}/step, {tokens / step:,.0f} tokens/s; max_iters {cfg.max_iters:,} = "
-        f"{_duration(step * cfg.max_iters)} at {mfu:.0%} MFU (--mfu to change)",
-    ])

@@ -7,9 +7,9 @@ import math
 import os
 import sys
 import textwrap
-import time
-from collections.abc import Callable
-from dataclasses import asdict, fields, replace
+import timeit
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,8 @@ from model.gpt import GPT
 from model.hf import load_pretrained, pretrained_manifest
 from model.kv_cache import generate
 from training.optim import configure_optimizer
-from training.plan import auto_batch_size, check_fits
-from training.reference import Reference
 from training.runlog import RunLog
+from training.plan import auto_batch_size, check_fits
 from training.budget import exit_code
 from training.runtime import Runtime, attention_kernel, capture_rng_state, restore_rng_state, trainable
 
@@ -42,34 +41,13 @@ RESUME_KEYS = ("model", "train_config", "optimizer", "scaler", "step", "loader",
 
 
 def build_model(cfg: TrainConfig, rt: Runtime, manifest: dict[str, Any], ckpt: dict | None) -> tuple[GPT, TrainConfig]:
-    """The GPT for this run on its device: the resumed checkpoint's, --init-from weights, or fresh from cfg,
-    and cfg with --batch-size auto resolved. Loaded weights keep their own architecture (where it differs from
-    cfg's, a note says so); dropout is always cfg's."""
+    """The GPT for this run on its device (the resumed checkpoint's, --init-from weights, or fresh from cfg), and
+    cfg with --batch-size auto resolved. Loaded weights keep their architecture; dropout is always cfg's."""
+    vocab_size, trained_on = manifest["vocab_size"], ckpt and ckpt.get("manifest")
     if not cfg.init_from:  # Pretrained weights bring an architecture that is known only once they load.
         saved = (ckpt or {}).get("model_config")
-        shape = GPTConfig.from_dict(saved, dropout=cfg.dropout) if saved else cfg.model_config(manifest["vocab_size"])
+        shape = GPTConfig.from_dict(saved, dropout=cfg.dropout) if saved else cfg.model_config(vocab_size)
         check_fits(cfg, shape, rt)  # Before building, which allocates the masks.
-    model = _weights(cfg, manifest, ckpt)
-    if cfg.batch_size == 0:  # --batch-size auto is sized from free memory, before the weights move there.
-        cfg = auto_batch_size(cfg, model, rt)
-    return model.to(rt.device), cfg
-
-
-def build_optimizer(model: GPT, cfg: TrainConfig, rt: Runtime, ckpt: dict | None) -> torch.optim.Optimizer:
-    """AdamW (or Muon) for model, with its moments (and the loss scaler's state) from the checkpoint on --resume."""
-    optimizer = configure_optimizer(model, cfg, fused=rt.choices.fused_adamw, dtype=rt.choices.dtype)
-    if ckpt is not None:
-        try:
-            optimizer.load_state_dict(ckpt["optimizer"])
-            rt.scaler.load_state_dict(ckpt["scaler"])
-        except (KeyError, ValueError, TypeError, RuntimeError) as e:
-            raise UserError(f"cannot resume {cfg.run_dir}: its optimizer state does not fit this run ({e}); resume "
-                            f"with the --optimizer it was saved with, or use --init-from {cfg.run_dir}") from None
-    return optimizer
-
-
-def _weights(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> GPT:
-    vocab_size, trained_on = manifest["vocab_size"], ckpt and ckpt.get("manifest")
     if ckpt is not None:
         source: str | Path = cfg.run_dir / CKPT_NAME
         model = model_from_checkpoint(ckpt, source, dropout=cfg.dropout)
@@ -96,12 +74,26 @@ def _weights(cfg: TrainConfig, manifest: dict[str, Any], ckpt: dict | None) -> G
     if changed := [f"{k}={getattr(mc, k)}" for k in ARCH_FIELDS if getattr(cfg, k) != getattr(mc, k)
                    and not (k == "vocab_size" and cfg.vocab_size == 0)]:
         print(f"note: architecture taken from {source}: {' '.join(changed)}")
-    return model
+    if cfg.batch_size == 0:  # --batch-size auto is sized from free memory, before the weights move there.
+        cfg = auto_batch_size(cfg, model, rt)
+    return model.to(rt.device), cfg
+
+
+def build_optimizer(model: GPT, cfg: TrainConfig, rt: Runtime, ckpt: dict | None) -> torch.optim.Optimizer:
+    """AdamW (or Muon) for model, with its moments (and the loss scaler's state) from the checkpoint on --resume."""
+    optimizer = configure_optimizer(model, cfg, fused=rt.choices.fused_adamw, dtype=rt.choices.dtype)
+    if ckpt is not None:
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+            rt.scaler.load_state_dict(ckpt["scaler"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+            raise UserError(f"cannot resume {cfg.run_dir}: its optimizer state does not fit this run ({e}); resume "
+                            f"with the --optimizer it was saved with, or use --init-from {cfg.run_dir}") from None
+    return optimizer
 
 
 def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
-    """--eval-only: loss and perplexity of --init-from (or out_dir's best checkpoint) on the whole val split,
-    and on as many train windows from the start."""
+    """--eval-only: loss and perplexity of --init-from (or out_dir's best checkpoint) on the whole val split."""
     if rt.ddp:
         raise UserError("--eval-only runs in one process; start it with python, not torchrun")
     manifest = read_dataset_manifest(ds_dir := dataset_dir(cfg.dataset, cfg.data_root))
@@ -118,23 +110,15 @@ def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     return {**losses, "stopped": "eval_only"}
 
 
-def vocab_size(cfg: TrainConfig) -> int:
-    """cfg's vocab_size, else its dataset's (a preset is prepared first, as training would): for --plan."""
-    try:
-        return cfg.vocab_size or read_dataset_manifest(dataset_dir(cfg.dataset, cfg.data_root))["vocab_size"]
-    except UserError as e:
-        raise UserError(f"{e}; or plan without the data by giving --vocab-size") from None
-
-
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime) -> dict[str, float]:
-    """Mean loss per token on fixed batches: the first eval_iters batches of each split; with
-    eval_iters 0 the whole val split, and as many batches of train (which can be huge)."""
+def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime,
+             splits: tuple[str, ...] = ("val", "train")) -> dict[str, float]:
+    """Mean loss per token on the first eval_iters batches of each split; with 0, as many as the whole val split."""
     model.eval()
     out = {}
     batch_size = cfg.eval_batch_size or cfg.batch_size
     limit = cfg.eval_iters or math.ceil(len(read_tokens(ds_dir / "val.bin")) // cfg.block_size / batch_size)
-    for split in ("val", "train"):
+    for split in splits:
         total, count = torch.zeros((), device=rt.device), 0
         for x, y in eval_batches(ds_dir / f"{split}.bin", cfg.block_size, batch_size, rt.device, max_batches=limit):
             if rt.threads:
@@ -150,8 +134,7 @@ def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime
 
 @torch.no_grad()
 def sample_text(run: Run) -> str:
-    """One sample of cfg.sample_tokens from the tokenizer's start token (end-of-text, else a newline), with its
-    own generator so the training RNG streams are untouched (exact resume does not depend on sampling)."""
+    """One sample of cfg.sample_tokens, with its own generator so that exact resume does not depend on sampling."""
     tok, rt = tokenizer_from_manifest(run.data.manifest), run.rt
     idx = torch.tensor([[tok.start_id]], dtype=torch.long, device=rt.device)
     gen = torch.Generator(device=rt.device).manual_seed(run.cfg.seed)
@@ -161,35 +144,33 @@ def sample_text(run: Run) -> str:
     return tok.decode([int(t[0]) for t in out])
 
 
-class Data(contextlib.ExitStack):
-    """The run's dataset: its folder and manifest, held (a shared lock) so that no prepare changes it mid-run."""
+@dataclass(frozen=True)
+class Data:
+    """The run's dataset: its folder and manifest."""
 
-    def __init__(self, dir: Path, manifest: dict[str, Any]) -> None:
-        super().__init__()
-        self.dir, self.manifest = dir, manifest
+    dir: Path
+    manifest: dict[str, Any]
 
 
-def open_data(cfg: TrainConfig, rt: Runtime) -> Data:
-    """Rank 0 prepares the dataset (a preset on first use; a no-op later); every rank then holds it and
-    checks, before anything trains, that its tokenizer can be built and each split holds a block."""
+@contextlib.contextmanager
+def open_data(cfg: TrainConfig, rt: Runtime) -> Iterator[Data]:
+    """Rank 0 prepares the dataset; every rank then holds it (so that no prepare changes it mid-run) and checks it."""
     with rt.together():
         ds_dir = dataset_dir(cfg.dataset, cfg.data_root) if rt.is_master else None
     ds_dir = ds_dir or dataset_dir(cfg.dataset, cfg.data_root, verbose=False)  # Rank 0 has said it.
-    with contextlib.ExitStack() as held, rt.together():
-        held.enter_context(hold_dataset(ds_dir))  # A prepare now would change what later evals read.
-        manifest = read_dataset_manifest(ds_dir)
-        tokenizer_from_manifest(manifest)  # Fails now, not at the end-of-run sample.
-        if short := [s for s in ("val", "train") if manifest[f"{s}_tokens"] <= cfg.block_size]:
-            raise UserError(f"{short[0]} split of {cfg.dataset} is shorter than one block "
-                            f"({cfg.block_size + 1} tokens); lower --block-size")
-        data = Data(ds_dir, manifest)
-        data.push(held.pop_all())
-        return data
+    with contextlib.ExitStack() as held:
+        with rt.together():
+            held.enter_context(hold_dataset(ds_dir))
+            manifest = read_dataset_manifest(ds_dir)
+            tokenizer_from_manifest(manifest)  # Fails now, not at the end-of-run sample.
+            if short := [s for s in ("val", "train") if manifest[f"{s}_tokens"] <= cfg.block_size]:
+                raise UserError(f"{short[0]} split of {cfg.dataset} is shorter than one block "
+                                f"({cfg.block_size + 1} tokens); lower --block-size")
+        yield Data(ds_dir, manifest)
 
 
 def resumed_checkpoint(cfg: TrainConfig, rt: Runtime, data: Data) -> dict[str, Any] | None:
-    """--resume's checkpoint, refused unless this run can continue it exactly; None for a new run, which must
-    not overwrite a trained one."""
+    """--resume's checkpoint, refused unless this run can continue it exactly; None for a new run."""
     path = cfg.run_dir
     if not cfg.resume:
         if rt.is_master and ((path / CKPT_NAME).is_file() or (path / BEST_NAME).is_file()):
@@ -221,9 +202,8 @@ def resumed_checkpoint(cfg: TrainConfig, rt: Runtime, data: Data) -> dict[str, A
     return ckpt
 
 
-class Run:
-    """What the loop works with: the model as it trains, this rank's batches, the run's progress and its log,
-    restored on --resume; closing it draws loss.png and closes the log."""
+class Run(contextlib.AbstractContextManager):
+    """What the loop works with (model, batches, progress, log), restored on --resume; closing it draws loss.png."""
 
     def __init__(self, cfg: TrainConfig, rt: Runtime, model: GPT, optimizer: torch.optim.Optimizer, data: Data,
                  ckpt: dict[str, Any] | None, started: float) -> None:
@@ -231,12 +211,11 @@ class Run:
         # What config.json, the checkpoint and wandb record: cfg, with the architecture the weights have.
         self.settings = cfg.to_dict() | {k: getattr(model.config, k) for k in ARCH_FIELDS}
         self.grad_accum, self.run_dir = cfg.accumulation(rt.world_size), cfg.run_dir
-        self.tokens_per_step = self.grad_accum * cfg.batch_size * cfg.block_size * rt.world_size
-        self.loader = GlobalBatchLoader(data.dir / "train.bin", cfg.block_size,
-                                        self.grad_accum * cfg.batch_size * rt.world_size, self.grad_accum, rt.rank,
+        rows = self.grad_accum * cfg.batch_size * rt.world_size
+        self.tokens_per_step = rows * cfg.block_size
+        self.loader = GlobalBatchLoader(data.dir / "train.bin", cfg.block_size, rows, self.grad_accum, rt.rank,
                                         rt.world_size, rt.device, cfg.seed, cfg.sampling)
-        # saved_at is the newest ckpt.pt's step. last_eval is the newest eval's record, {"step": n} if a signal cut it.
-        self.step, self.saved_at, self.last_eval = 0, None, {}
+        self.step, self.saved_at = 0, None  # saved_at: the newest ckpt.pt's step
         self.best_val, self.wandb_id, self.stopped = math.inf, None, None
         resumed = ckpt is not None
         if resumed:
@@ -245,11 +224,10 @@ class Run:
             self.best_val, self.wandb_id = ckpt["best_val"], ckpt.get("wandb_id")
         example = torch.zeros(2, cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
         self.train_model: torch.nn.Module | None = trainable(model, rt, tuple(example))  # Compiled, DDP-wrapped.
-        self.log = RunLog(self.run_dir, started, resume_step=self.step if resumed else None,
-                          reference=Reference.matching(self.settings, rt.world_size)) if rt.is_master else None
-        if resumed:
-            self.last_eval = next((r for r in (self.log.records if self.log else [])
-                                   if r["step"] == self.step and "val_loss" in r), {"step": self.step})
+        self.log = RunLog(self.run_dir, started, resume_step=self.step if resumed else None) if rt.is_master else None
+        # The newest eval's record; {"step": n} if a signal cut it short, or on a resumed rank that keeps no log.
+        self.last_eval = next((r for r in (self.log.records if self.log else [])
+                               if r["step"] == self.step and "val_loss" in r), {"step": self.step} if resumed else {})
         if rt.is_master:
             announce(self, resumed)
             if rt.device_type == "cpu":
@@ -258,9 +236,6 @@ class Run:
             restore_rng_state(ckpt["rng"])
             if rt.rank:  # Only rank 0's streams are saved; the other ranks' dropout masks must differ from it.
                 torch.manual_seed(int(np.random.SeedSequence([cfg.seed, rt.rank, self.step]).generate_state(1)[0]))
-
-    def __enter__(self) -> Run:
-        return self
 
     def __exit__(self, failed: type | None, *exc: Any) -> None:
         self.train_model = None  # The DDP wrapper holds the process group, which rt.close() ends.
@@ -276,16 +251,12 @@ class Run:
 
 
 def final_estimate(run: Run) -> Callable[[float], float]:
-    """--max-time's guess of the final eval, save and plot, used until one has been timed: a warm eval batch timed
-    now and scaled to the eval, plus the checkpoint's write. A share of a step's time would differ between CPUs."""
+    """--max-time's guess of the final eval, save and plot until one is timed: an eval batch, scaled, plus a write."""
     cfg = run.cfg
-    eval_batch = cfg.eval_batch_size or cfg.batch_size
-    for _ in range(2):
-        t0 = time.perf_counter()
-        probe_loss(run)
-    val_tokens = min(run.data.manifest["val_tokens"], cfg.eval_iters * eval_batch * cfg.block_size or math.inf)
-    # Twice: the val split, then as many train batches.
-    evaluating = (time.perf_counter() - t0) * 2 * math.ceil(val_tokens / (eval_batch * cfg.block_size))
+    batch_tokens = (cfg.eval_batch_size or cfg.batch_size) * cfg.block_size
+    batches = min(math.ceil(run.data.manifest["val_tokens"] / batch_tokens), cfg.eval_iters or math.inf)
+    batch_seconds = min(timeit.repeat(lambda: probe_loss(run), number=1, repeat=2))  # The first warms up.
+    evaluating = 2 * batches * batch_seconds  # The val split, then as many train batches.
     # The weights and AdamW's two moments at a slow disk's 200 MB/s, plus 0.2 s to pickle and fsync.
     saving = 0.2 + 3 * sum(p.numel() * p.element_size() for p in run.model.parameters()) / 200e6
     return lambda step_seconds: evaluating + saving + (run.log.plot_cost if run.log else 0.0)
@@ -293,14 +264,7 @@ def final_estimate(run: Run) -> Callable[[float], float]:
 
 def probe_loss(run: Run) -> float:
     """The loss on the first val batch, in eval mode (no random draw): a cheap look at the weights."""
-    cfg = run.cfg
-    x, y = next(eval_batches(run.data.dir / "val.bin", cfg.block_size, cfg.eval_batch_size or cfg.batch_size,
-                             run.rt.device, max_batches=1))
-    run.model.eval()
-    with torch.no_grad(), run.rt.autocast():
-        loss = run.model(x, y)[1].item()  # .item() waits for the device.
-    run.model.train()
-    return loss
+    return evaluate(run.model, run.data.dir, replace(run.cfg, eval_iters=1), run.rt, splits=("val",))["val_loss"]
 
 
 def announce(run: Run, resumed: bool) -> None:
@@ -322,21 +286,17 @@ def announce(run: Run, resumed: bool) -> None:
 
 
 def say_if_long(run: Run) -> None:
-    """Before a CPU run that would take over an hour, say so and what to run instead. The timed micro-batch runs
-    in eval mode (no random draws) and its gradients are dropped, so the run is the same as without it."""
+    """Before a CPU run that would take over an hour, say so; the micro-batch it times (eval mode) leaves no trace."""
     cfg, rt = run.cfg, run.rt
     x = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=rt.device)
     run.model.eval()
-    t0 = time.perf_counter()
-    with rt.autocast():
-        run.model(x, x)[1].backward()
-    step = run.grad_accum * (time.perf_counter() - t0)  # Evals are left out; "about" needs no more.
+    with rt.autocast():  # Evals are left out; "about" needs no more.
+        step = run.grad_accum * timeit.timeit(lambda: run.model(x, x)[1].backward(), number=1)
     run.model.train().zero_grad(set_to_none=True)
     seconds = min(step * (cfg.max_iters - run.step), cfg.max_time or math.inf)
     if seconds > 3600:  # A run over an hour is one a user should choose knowingly.
         print(f"note: this run would take about {seconds / 3600:.0f} h on this CPU ({step:.1f} s a step); {cfg.name} "
-              "is sized for a GPU (train.py --plan shows its time there); on a CPU use --config small, or set "
-              "--max-time", file=sys.stderr)
+              "is sized for a GPU; on a CPU use --config small, or set --max-time", file=sys.stderr)
 
 
 class TrainingDiverged(UserError):
@@ -350,17 +310,15 @@ class TrainingDiverged(UserError):
 
 
 def save(run: Run) -> None:
-    """Write ckpt.pt, never from weights that blew up: a stop right after such an update leaves them finite but
-    huge, and they would replace the last good checkpoint."""
+    """Write ckpt.pt, never from weights that blew up (a stop right after such an update leaves them finite)."""
     loss = run.losses["val_loss"] if run.losses else probe_loss(run)
     if not (math.isfinite(loss) and torch.stack([p.isfinite().all() for p in run.model.parameters()]).all()):
         raise TrainingDiverged(run, f"the weights diverged at step {run.step} (loss {loss} on a val batch)")
     save_checkpoint(run.run_dir, {
-        "model": run.model.state_dict(), "model_config": asdict(run.model.config),
-        "train_config": run.settings, "optimizer": run.optimizer.state_dict(),
-        "scaler": run.rt.scaler.state_dict(), "step": run.step, "loader": run.loader.state_dict(),
-        "rng": capture_rng_state(), "best_val": run.best_val, "wandb_id": run.wandb_id,
-        "manifest": run.data.manifest})
+        "model": run.model.state_dict(), "model_config": asdict(run.model.config), "train_config": run.settings,
+        "optimizer": run.optimizer.state_dict(), "scaler": run.rt.scaler.state_dict(), "step": run.step,
+        "loader": run.loader.state_dict(), "rng": capture_rng_state(), "best_val": run.best_val,
+        "wandb_id": run.wandb_id, "manifest": run.data.manifest})
     write_json(run.run_dir / "config.json", run.settings)  # --resume reads the settings of this ckpt.pt.
     run.saved_at = run.step
 
@@ -370,28 +328,23 @@ RUN_FILES = (CKPT_NAME, BEST_NAME, "config.json", "manifest.json", "metrics.json
 
 
 def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitStack:
-    """Create run_dir and lock it while the returned stack is open, so a second run on it fails at once; flock
-    locks die with their process (no stale lock after kill -9). A failing `with` block removes what it created."""
+    """Create and lock run_dir (flock: no stale lock after kill -9) until the stack closes; failing undoes creating."""
     import fcntl
-
     run_dir = Path(run_dir)
     created, lock = _usable_out_dir(run_dir, fresh)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "?"
         lock.close()
+        holder = (run_dir / LOCK_NAME).read_text().strip() or "?"
         raise UserError(f"{run_dir} is in use by another run (pid {holder}); wait for it to finish, "
                         "or pick another --out-dir") from None
     lock.truncate(0)
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
+    print(os.getpid(), file=lock, flush=True)
     # Every writer holds the lock, so the temp files of atomic writes found now are from dead processes.
-    stale = [p for name in RUN_FILES for p in run_dir.glob(f".{name}.*.tmp") if p.is_file()]
-    for p in stale:
-        p.unlink(missing_ok=True)
-    if stale:
+    if stale := [p for name in RUN_FILES for p in run_dir.glob(f".{name}.*.tmp") if p.is_file()]:
+        for p in stale:
+            p.unlink(missing_ok=True)
         print(f"note: removed {len(stale)} temp file(s) of interrupted saves from {run_dir}")
 
     def remove_if_unused(failed: type | None, *_: Any) -> None:  # A run that failed before writing leaves nothing.
@@ -407,8 +360,7 @@ def lock_run_dir(run_dir: str | Path, fresh: bool = False) -> contextlib.ExitSta
 
 
 def _usable_out_dir(run_dir: Path, fresh: bool) -> tuple[list[Path], Any]:
-    """Create run_dir and open its lock file; returns what was created, and the lock file. A fresh run refuses a
-    folder with files no run wrote (a run's folder has its lock file): it would overwrite someone's files."""
+    """Create run_dir and open its lock file; return both. A fresh run refuses files no run wrote."""
     try:
         if is_dataset(run_dir):  # Its next rebuild would replace the run.
             raise UserError(f"--out-dir {run_dir} holds a prepared dataset; pick another --out-dir")

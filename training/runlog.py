@@ -7,33 +7,26 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from configs.errors import UserError, first_line
 from data.files import atomic_write, write_errors
 
-if TYPE_CHECKING:
-    from training.reference import Reference
-
 
 def _reason(e: Exception) -> str:
-    """wandb's error in a line. A settings error (pydantic's, for a misspelt WANDB_MODE) holds it in errors(),
-    whose text only counts them; any other error's first line says it."""
-    try:
+    """wandb's error in a line: a settings error (pydantic's, for a misspelt WANDB_MODE) holds it in errors()."""
+    with contextlib.suppress(Exception):  # no errors(), or not pydantic's shape: this message must not fail itself
         return "; ".join(f"{d['loc'][0]}={d['input']!r}: {d['msg']}" for d in e.errors()) or first_line(e)
-    except Exception:  # no errors(), or not pydantic's shape: this message must not fail itself
-        return first_line(e)
+    return first_line(e)
 
 
 class RunLog:
-    """One run's metrics.jsonl, loss.png and wandb run. On resume, lines past the checkpoint's step are dropped,
-    since the run redoes those steps, and wandb gets exactly the steps it lacks. `started` is a time.time()."""
+    """One run's metrics.jsonl, loss.png and wandb run; a resume drops the lines past its checkpoint's step."""
 
-    def __init__(self, out_dir: Path, started: float, resume_step: int | None = None,
-                 reference: Reference | None = None) -> None:
-        self.out_dir, self.started, self.reference = Path(out_dir), started, reference
+    def __init__(self, out_dir: Path, started: float, resume_step: int | None = None) -> None:
+        self.out_dir, self.started = Path(out_dir), started
         self.path = self.out_dir / "metrics.jsonl"
         self.records: list[dict[str, Any]] = []
         if resume_step is not None and self.path.exists():
@@ -91,7 +84,6 @@ class RunLog:
     def log_sample(self, step: int, text: str) -> None:
         if self.wandb is not None and step >= self.wandb_from:
             import wandb
-
             self.samples.append([step, text])  # the whole table each time: wandb tables are immutable
             with self._wandb_may_fail():
                 self.wandb.log({"samples": wandb.Table(columns=["step", "text"], data=self.samples)}, step=step)
@@ -122,33 +114,17 @@ class RunLog:
             self.plot_cost = time.time() - self.plotted_at  # for --max-time's reserve
 
     def _plot(self) -> None:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("note: matplotlib is not installed, skipping loss.png (pip install matplotlib)")
-            return
-
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        if (ref := self.reference) is not None:  # drawn first, so the legend lists the bands before the curves
-            band, seeds = ref.data["band"], len(ref.data["seeds"])
-            for key, color, what in (("train_loss", "tab:blue", "train"), ("val_loss", "tab:orange", "val")):
-                ax.fill_between(band["step"], band[key]["min"], band[key]["max"], color=color, alpha=0.18, lw=0,
-                                label=f"reference {what}: min-max of {seeds} seeds")
+        from matplotlib.figure import Figure  # Not pyplot's: a Figure of its own needs no GUI backend, nor closing.
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.subplots()
         ax.plot(*self._series("loss"), color="tab:blue", alpha=0.35, lw=1, label="train (running)")
         ax.plot(*self._series("train_loss"), "o-", color="tab:blue", ms=3, label="train (eval)")
         ax.plot(*self._series("val_loss"), "o-", color="tab:orange", ms=3, label="val")
         ax.set(xlabel="step", ylabel="loss", title=self.out_dir.name)
         ax.grid(alpha=0.3)
-        ax.legend(title=ref and "config matches the {name} reference ({dtype} on {device}, {date})".format(**ref.data),
-                  title_fontsize="small")
+        ax.legend()
         fig.tight_layout()
-        try:
-            atomic_write(self.out_dir / "loss.png", lambda f: fig.savefig(f, format="png", dpi=110))
-        finally:
-            plt.close(fig)
+        atomic_write(self.out_dir / "loss.png", lambda f: fig.savefig(f, format="png", dpi=110))
 
     def _series(self, key: str) -> tuple[list[int], list[float]]:
         rows = [r for r in self.records if r.get(key) is not None]

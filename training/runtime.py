@@ -1,8 +1,6 @@
 """What a run runs on: device, precision, CPU threads, compilation, seeds and the DDP process group.
 
-probe() reads the machine into a Machine, and choose() decides from it alone by TABLE, so tests can fake any
-machine. Weights stay float32: rt.autocast() lowers the matmuls, and rt.scaler scales the loss under float16.
-"""
+choose() decides from a Machine alone, by TABLE, so tests can fake any machine. Weights stay float32."""
 
 from __future__ import annotations
 
@@ -23,12 +21,10 @@ import torch
 
 from configs.errors import UserError, first_line
 
-# Dense bf16 peak FLOP/s from datasheets (MFU is against it even in float32) and GB as sold, by a substring of
-# the device name. CPU, MPS and unknown GPUs get no MFU, because a guess would mislead.
-GPUS = {"H200": (989e12, 141), "H100": (989e12, 80), "GH200": (989e12, 96), "A100": (312e12, 80),
-        "A800": (312e12, 80), "L40S": (362e12, 48), "L40": (181e12, 48), "A6000": (155e12, 48), "A10": (125e12, 24),
-        "L4": (121e12, 24), "RTX 4090": (165e12, 24), "RTX 3090": (71e12, 24), "V100": (125e12, 32), "T4": (65e12, 16)}
-PEAK_FLOPS, GPU_MEMORY_GB = ({name: spec[i] for name, spec in GPUS.items()} for i in (0, 1))
+# Dense bf16 peak FLOP/s from datasheets, by a substring of the GPU's name; other devices get no MFU (a guess misleads).
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "A800": 312e12, "L40S": 362e12,
+              "L40": 181e12, "A6000": 155e12, "A10": 125e12, "L4": 121e12, "RTX 4090": 165e12, "RTX 3090": 71e12,
+              "V100": 125e12, "T4": 65e12}
 
 
 @dataclass(frozen=True)
@@ -215,8 +211,7 @@ def cpu_times(cpus: set[int]) -> tuple[float, float]:
     """The busy seconds of `cpus` since boot, from /proc/stat, and this process's CPU seconds."""
     with open("/proc/stat") as f:
         rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
-    # the columns are user, nice, system, idle, iowait, irq, softirq, steal: all but idle and iowait are busy
-    busy = sum(int(n) for row in rows if int(row[0][3:]) in cpus for n in row[1:4] + row[6:9])
+    busy = sum(int(n) for row in rows if int(row[0][3:]) in cpus for n in row[1:4] + row[6:9])  # not idle, iowait
     return busy / os.sysconf("SC_CLK_TCK"), time.process_time()
 
 
@@ -249,14 +244,12 @@ class CpuThreads:
         torch.set_num_threads(max(1, min(self.most, round(len(self.cpus) - others))))
 
     def describe(self) -> str:
-        if self.fixed:
-            return f"{self.most} thread{'s' * (self.most > 1)}"
-        return f"1-{self.most} threads as cores are idle"
+        fixed = f"{self.most} thread{'s' * (self.most > 1)}"
+        return fixed if self.fixed else f"1-{self.most} threads as cores are idle"
 
 
 def torchrun_environment() -> tuple[int, int, int]:
-    """(rank, local_rank, world_size) as torchrun set them, or (0, 0, 1) for a process of its own. Some of them
-    without the others are left over in a cluster shell, not a launch, and one error line names them."""
+    """(rank, local_rank, world_size) as torchrun set them, or (0, 0, 1); a partial set is one error line."""
     names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     given = {name: os.environ[name] for name in names if name in os.environ}
     if not given:
@@ -273,8 +266,7 @@ def torchrun_environment() -> tuple[int, int, int]:
 
 def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: int | None = 1337,
           training: bool = True) -> Runtime:
-    """Decide device, precision and compilation, seed the RNGs (seed + rank, so dropout masks differ) and join
-    the process group under torchrun. `cfg` (a TrainConfig) gives the options, else the keywords do."""
+    """Decide device, precision and compilation, seed the RNGs and join torchrun's group, as cfg or the keywords say."""
     compile, ddp_timeout = False, 600.0
     if cfg is not None:
         device, dtype, seed, compile, ddp_timeout = cfg.device, cfg.dtype, cfg.seed, cfg.compile, cfg.ddp_timeout
@@ -287,7 +279,6 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
     if rt.device_type == "cuda":
         torch.cuda.set_device(rt.device)
         torch.set_float32_matmul_precision("high")  # TF32 matmuls are nearly free speed on Ampere and later
-        torch.backends.cudnn.allow_tf32 = True
         hits = [k for k in PEAK_FLOPS if k in torch.cuda.get_device_name(rt.device)]  # longest wins: L40S, not L4
         rt.peak_flops = PEAK_FLOPS[max(hits, key=len)] if hits else None
     if rt.ddp:  # join the processes torchrun started, with NCCL on CUDA and gloo on the CPU
@@ -314,8 +305,8 @@ def setup(cfg: Any = None, *, device: str = "auto", dtype: str = "auto", seed: i
 
 
 def trainable(model: torch.nn.Module, rt: Runtime, example: tuple[torch.Tensor, torch.Tensor]) -> torch.nn.Module:
-    """`model` for the training step, DDP-wrapped under torchrun. A compiled run compiles it now, by a step on
-    `example` that leaves no gradients and the RNGs as they were; a failed compile is one note, and runs eager."""
+    """`model` for the training step, DDP-wrapped under torchrun; compiled now, by a step on `example` that leaves
+    no gradients and the RNGs as they were, if the run compiles (a failed compile is one note, and runs eager)."""
     module = model
     if rt.choices.compile:
         when, rng = "wrapping the model", capture_rng_state()
