@@ -203,7 +203,17 @@ def test_init_scales_residual_projections():
     std = lambda p: p.std().item()
     assert abs(std(m.transformer.h[0].mlp.c_fc.weight) - 0.02) < 0.002
     assert abs(std(m.transformer.h[0].mlp.c_proj.weight) - 0.02 / 4) < 0.001  # 1/sqrt(2 * 8)
+    assert abs(std(m.transformer.h[0].attn.c_proj.weight) - 0.02 / 4) < 0.001
     assert m.lm_head.weight is m.transformer.wte.weight
+
+
+def test_init_centres_every_weight_on_zero_and_zeroes_the_biases():
+    m = make(n_layer=2, n_embd=64, n_head=4, bias=True)
+    for name, p in m.named_parameters():
+        if name.endswith("bias"):
+            assert (p == 0).all(), name
+        elif p.dim() == 2:  # Linear and Embedding weights; the norms' weights start at one
+            assert abs(p.mean().item()) < 0.002 and 0.001 < p.std().item() < 0.03, name
 
 
 def test_ignore_index_leaves_padding_out_of_the_loss():
