@@ -237,6 +237,16 @@ def test_stop_strings_in_generate_texts_trim_each_row():
         assert s == (f[: f.index(stop) + len(stop)] if stop in f else f)
 
 
+def test_streamed_pieces_add_up_to_each_rows_text_and_a_stop_in_every_row_ends_decoding():
+    model = tiny_model()
+    rows = [TOK.encode("ROMEO:"), TOK.encode("A")]
+    pieces: dict[int, list[str]] = {0: [], 1: []}
+    texts = sample.generate_texts(model, TOK, rows, 12, temperature=0, on_text=lambda b, p: pieces[b].append(p))
+    assert ["".join(pieces[b]) for b in (0, 1)] == texts and texts[0] != texts[1]
+    firsts = [text[0] for text in texts]  # as stop strings, each row's first character ends it at once
+    assert sample.generate_texts(model, TOK, rows, 12, temperature=0, stops=firsts) == firsts
+
+
 def test_bpe_stream_joins_multibyte_characters_split_across_tokens():
     tok = get_tokenizer("gpt2")
     text = "naïve 日本 🤗!"
