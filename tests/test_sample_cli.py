@@ -63,6 +63,18 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys, setup, extra, needle):
     assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and needle in err
 
 
+def test_a_sample_that_ends_a_line_gets_no_blank_line_after_it(tmp_path, capsys):
+    run = make_run(tmp_path)
+    base = ["--ckpt", str(run), "--max-new-tokens", "0", "--device", "cpu"]
+    assert sample.main([*base, "--prompt", "ROMEO:\\n"]) == 0  # the prompt's \n is read as a newline
+    assert capsys.readouterr().out == "ROMEO:\n"
+    assert sample.main([*base, "--prompt", "KING:", "--num-samples", "2"]) == 0
+    assert capsys.readouterr().out == "--- sample 1/2 ---\nKING:\n--- sample 2/2 ---\nKING:\n"
+    (tmp_path / "p.txt").write_text("A\\n\nB\\n\n")
+    assert sample.main([*base, "--prompt-file", str(tmp_path / "p.txt")]) == 0
+    assert capsys.readouterr().out == "--- prompt 1/2, sample 1/1 ---\nA\n--- prompt 2/2, sample 1/1 ---\nB\n"
+
+
 def test_cli_empty_prompt_notes_its_start(tmp_path, capsys):
     run = make_run(tmp_path)
     assert sample.main(["--ckpt", str(run), "--prompt", "", "--max-new-tokens", "5", "--seed", "0"]) == 0
