@@ -43,7 +43,8 @@ from training.budget import StopSignal, TimeBudget, exit_code
 from training.optim import lr_multiplier, set_lr
 from training.plan import out_of_memory
 from training.run import (Run, TrainingDiverged, build_model, build_optimizer, eval_only, evaluate,
-                          final_estimate, lock_run_dir, open_data, resumed_checkpoint, sample_text, save)
+                          final_estimate, hellaswag_scores, lock_run_dir, open_data, resumed_checkpoint, sample_text,
+                          save)
 from training.runtime import Runtime, setup
 
 
@@ -90,7 +91,8 @@ def checkpoint(run: Run, stop: StopSignal, budget: TimeBudget | None = None, sav
         return
     run.last_eval = {"step": run.step}  # The losses join it below, unless a stop signal cuts the eval short.
     # losses is None if a stop signal cut the eval short, and {} on the other ranks.
-    losses = stop.cut_short(lambda: evaluate(run.model, run.data.dir, run.cfg, rt)) if rt.is_master else {}
+    losses = stop.cut_short(lambda: evaluate(run.model, run.data.dir, run.cfg, rt) | hellaswag_scores(run)) \
+        if rt.is_master else {}
     val = torch.tensor((losses or {}).get("val_loss", 0.0), device=rt.device)
     if rt.ddp:
         torch.distributed.broadcast(val, src=0)  # also the barrier: the others wait for rank 0
@@ -118,7 +120,8 @@ def record(run: Run, losses: dict[str, float], saved: bool) -> None:
     if run.cfg.sample_tokens and run.log.wandb is not None:
         run.log.log_sample(run.step, sample_text(run))
     run.log.plot(force=False)
-    tqdm.write(f"step {run.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}"
+    hellaswag = f", hellaswag acc_norm {losses['hellaswag_acc_norm']:.4f}" if "hellaswag_acc" in losses else ""
+    tqdm.write(f"step {run.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}{hellaswag}"
                f"{' (best)' if improved else ''}{', saved' if saving or saved else ''}")
 
 

@@ -90,6 +90,10 @@ class TrainConfig(GPTConfig):
     init_from: str = setting("", "start from a run dir of ours, a local HF GPT-2 dir or a hub id (gpt2, "
                              "gpt2-medium, ...); ignored by --resume")
     eval_only: bool = setting(False, "no training: loss and perplexity of --init-from (or out_dir's checkpoint)")
+    hellaswag: str = setting("", "HellaSwag-format items (a .jsonl file, or a hub id: Rowan/hellaswag) that "
+                             "--eval-only and --hellaswag-interval score; empty = none")
+    hellaswag_interval: int = setting(0, "steps between HellaSwag scores while training, a multiple of "
+                                      "--eval-interval; 0 = none")
     wandb: bool = setting(False, "log to Weights & Biases (offline without an API key)")
     wandb_project: str = setting("", "the wandb project (default: $WANDB_PROJECT, else gpt)")
     wandb_run_name: str = setting("", "empty = the config name")
@@ -98,6 +102,9 @@ class TrainConfig(GPTConfig):
         super().__post_init__()
         if self.min_lr > self.lr:
             raise UserError(f"--min-lr ({self.min_lr}) must not exceed --lr ({self.lr}); lower --min-lr")
+        if self.hellaswag_interval % self.eval_interval or (self.hellaswag_interval and not self.hellaswag):
+            raise UserError("--hellaswag-interval scores --hellaswag SOURCE at eval steps: give a SOURCE and a "
+                            f"multiple of --eval-interval ({self.eval_interval})")
         if not self.data_root or not self.dataset:  # "" would prepare into the working directory
             raise UserError("--data-root and --dataset must not be empty")
         if self.name in ("", ".", "..") or "/" in self.name:  # out/<name> would be out/ itself or outside it

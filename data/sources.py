@@ -56,7 +56,7 @@ def split_name(path: Path) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def _reading(where: str, fix: str, offline: bool = False) -> Iterator[Any]:
+def reading(where: str, fix: str, offline: bool = False) -> Iterator[Any]:
     """The datasets module, its failures turned into one line naming `where` and `fix`, its log (which would print
     the error first) silenced. offline=True keeps it off the hub, and off its download count per local file."""
     import datasets
@@ -78,7 +78,7 @@ def _column_texts(ds: Any, column: str, where: str) -> Iterator[str]:
     """The non-empty ``column`` cells of a datasets (Iterable)Dataset, read in column batches (fast)."""
     batches = iter(ds.iter(batch_size=1024))
     while True:
-        with _reading(where, "check the file/dataset"):  # around the datasets reader only, not this code
+        with reading(where, "check the file/dataset"):  # around the datasets reader only, not this code
             batch = next(batches, None)
         if batch is None:
             return
@@ -95,7 +95,7 @@ def _column_texts(ds: Any, column: str, where: str) -> Iterator[str]:
 def _local_files(builder: str, files: list[Path], column: str, where: str) -> Iterator[str]:
     """The documents of local files of one format, streamed. A .txt file is one document, read as UTF-8."""
     text = {"encoding": "utf-8-sig", "encoding_errors": "replace", "sample_by": "document"} if builder == "text" else {}
-    with _reading(where, "check the files' format", offline=True) as datasets:
+    with reading(where, "check the files' format", offline=True) as datasets:
         ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", streaming=True, **text)
     return _column_texts(ds, column, where)
 
@@ -159,12 +159,12 @@ def dataset_source(name: str, subset: str | None, split: str, text_column: str, 
                       hash_files(files))
     where = f"hub dataset {name!r}" + (f" ({subset})" if subset else "")
     return Source(where, stem, {"kind": "hub", "name": name, **common, "revision": revision, "streaming": streaming},
-                  lambda: _column_texts(_hub_dataset(where, name, subset, split, revision, streaming),
+                  lambda: _column_texts(hub_dataset(where, name, subset, split, revision, streaming),
                                         text_column, where))
 
 
 def _local_dataset(where: str, path: Path, subset: str | None, split: str) -> Any:
-    with _reading(where, "check --subset/--split and the folder's data files", offline=True) as datasets:
+    with reading(where, "check --subset/--split and the folder's data files", offline=True) as datasets:
         if not (path / "dataset_dict.json").is_file() and not (path / "state.json").is_file():  # no save_to_disk's
             return datasets.load_dataset(str(path), subset, split=split, streaming=True)
         ds = datasets.load_from_disk(str(path))
@@ -181,18 +181,19 @@ def host_reachable(host: str, port: int = 443) -> bool:
         return False
 
 
-def _hub_dataset(where: str, name: str, subset: str | None, split: str, revision: str | None, streaming: bool) -> Any:
+def hub_dataset(where: str, name: str, subset: str | None, split: str, revision: str | None, streaming: bool,
+                fix: str = "") -> Any:
     """Offline, datasets retries for long before it falls back to its cache, so look first. When the hub is away,
-    ask datasets for its cached copy, of a dataset loaded before without --streaming."""
+    ask datasets for its cached copy, of a dataset loaded before without --streaming. fix says how to get it."""
     import datasets
 
-    fix = (f"where there is network, run `hf download {name} --repo-type dataset --local-dir data/hub/{name}` "
-           f"(--include PATTERN for part of it) and pass --hf data/hub/{name}")
+    fix = fix or (f"where there is network, run `hf download {name} --repo-type dataset --local-dir data/hub/{name}` "
+                  f"(--include PATTERN for part of it) and pass --hf data/hub/{name}")
     host = urlparse(datasets.config.HF_ENDPOINT).hostname or "huggingface.co"
     offline = datasets.config.HF_HUB_OFFLINE or not host_reachable(host)
     if offline and streaming:
         raise UserError(f"cannot reach {host} to stream {where}; {fix}")
     why = ("it is not in the datasets cache and the hub cannot be reached" if offline
            else "check the name/--subset/--split/--revision")
-    with _reading(where, f"{why}; {fix}", offline):
+    with reading(where, f"{why}; {fix}", offline):
         return datasets.load_dataset(name, subset, split=split, revision=revision, streaming=streaming)

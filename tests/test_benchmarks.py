@@ -146,3 +146,9 @@ def test_memory(capsys, data_root, command, shrink):
     assert r["n_layer"] == int(shrink[shrink.index("--n-layer") + 1]) and r["vocab_size"] == 65
     assert 0.9 < r["ratio"] < 1.1 and r["measured_mb"] > 0
 
+
+
+def test_hellaswag(capsys):
+    [r] = bench(capsys, "python -m benchmarks hellaswag --config gpt2 --items 100", "--items", "3", "--n-layer", "1",
+                "--n-embd", "32", "--n-head", "2", "--device", "cpu")
+    assert r["items"] == 3 and r["seconds_per_100_items"] > 0 and r["whole_split_s"] > 0 and r["device"] == "cpu"

@@ -9,7 +9,7 @@ import sys
 import textwrap
 import timeit
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from model.checkpoint import BEST_NAME, CKPT_NAME, is_checkpoint, load_checkpoin
 from model.gpt import GPT
 from model.hf import load_pretrained, pretrained_manifest
 from model.kv_cache import generate
+from training import hellaswag
 from training.optim import configure_optimizer
 from training.runlog import RunLog
 from training.plan import auto_batch_size, check_fits
@@ -100,6 +101,7 @@ def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     if not cfg.init_from and not is_checkpoint(cfg.run_dir):
         raise UserError(f"--eval-only: no checkpoint in {cfg.run_dir}; train one first, or pass --init-from "
                         "(a run dir, a Hugging Face GPT-2 dir or a hub id such as gpt2)")
+    items = hellaswag.load_items(cfg.hellaswag, tokenizer_from_manifest(manifest)) if cfg.hellaswag else []
     ckpt = None if cfg.init_from else load_checkpoint(cfg.run_dir, best=True)
     model, cfg = build_model(replace(cfg, eval_iters=0), rt, manifest, ckpt)
     losses = evaluate(model, ds_dir, cfg, rt)
@@ -107,6 +109,11 @@ def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
     for split, extent in (("val", "the whole split"), ("train", "as many windows")):
         loss = losses[f"{split}_loss"]
         print(f"  {split:<5} loss {loss:.4f}  perplexity {math.exp(loss):.2f}  ({extent})")
+    if items:
+        losses |= hellaswag.score(model, items, manifest["vocab_size"], rt.autocast,
+                                  cfg.eval_batch_size or cfg.batch_size)
+        print(f"hellaswag acc {losses['hellaswag_acc']:.4f}  acc_norm {losses['hellaswag_acc_norm']:.4f} "
+              f"(per ending token)  items {losses['hellaswag_items']}")
     return {**losses, "stopped": "eval_only"}
 
 
@@ -132,6 +139,14 @@ def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime
     return out
 
 
+def hellaswag_scores(run: Run) -> dict[str, float]:
+    """HellaSwag's accuracies at the steps --hellaswag-interval names, else nothing."""
+    if not run.data.hellaswag or run.step % run.cfg.hellaswag_interval:
+        return {}
+    return hellaswag.score(run.model, run.data.hellaswag, run.data.manifest["vocab_size"], run.rt.autocast,
+                           run.cfg.eval_batch_size or run.cfg.batch_size)
+
+
 @torch.no_grad()
 def sample_text(run: Run) -> str:
     """One sample of cfg.sample_tokens, with its own generator so that exact resume does not depend on sampling."""
@@ -146,10 +161,11 @@ def sample_text(run: Run) -> str:
 
 @dataclass(frozen=True)
 class Data:
-    """The run's dataset: its folder and manifest."""
+    """The run's dataset: its folder and manifest; on rank 0, also the HellaSwag items --hellaswag-interval scores."""
 
     dir: Path
     manifest: dict[str, Any]
+    hellaswag: list[hellaswag.Item] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -162,11 +178,12 @@ def open_data(cfg: TrainConfig, rt: Runtime) -> Iterator[Data]:
         with rt.together():
             held.enter_context(hold_dataset(ds_dir))
             manifest = read_dataset_manifest(ds_dir)
-            tokenizer_from_manifest(manifest)  # Fails now, not at the end-of-run sample.
+            tok = tokenizer_from_manifest(manifest)  # Fails now, not at the end-of-run sample.
             if short := [s for s in ("val", "train") if manifest[f"{s}_tokens"] <= cfg.block_size]:
                 raise UserError(f"{short[0]} split of {cfg.dataset} is shorter than one block "
                                 f"({cfg.block_size + 1} tokens); lower --block-size")
-        yield Data(ds_dir, manifest)
+            items = hellaswag.load_items(cfg.hellaswag, tok) if cfg.hellaswag_interval and rt.is_master else []
+        yield Data(ds_dir, manifest, items)
 
 
 def resumed_checkpoint(cfg: TrainConfig, rt: Runtime, data: Data) -> dict[str, Any] | None:
