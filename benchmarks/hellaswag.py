@@ -1,4 +1,4 @@
-"""HellaSwag scoring speed: seconds per 100 items for a config's model (random weights, synthetic items).
+"""HellaSwag scoring speed: seconds per 100 items for a config's model (random weights and items).
 
     python -m benchmarks hellaswag --config gpt2 --items 100        # GPT-2 124M's shape
 """
@@ -17,7 +17,7 @@ from model import GPT
 from training.hellaswag import score
 from training.runtime import setup
 
-# Token lengths near the validation split's typical item (a context of about two sentences, endings of one).
+# Token lengths near the validation split's typical item: a context of about two sentences, endings of one.
 CONTEXT_TOKENS, ENDING_TOKENS, SPLIT_ITEMS = 60, 25, 10042
 
 
@@ -29,16 +29,13 @@ def add_hellaswag_parser(add_parser: Callable[..., argparse.ArgumentParser]) -> 
 
 
 def bench_hellaswag(args: argparse.Namespace) -> None:
-    cfg = load_config(args.config, args.extra)
-    rt = setup(cfg, training=False)
-    vocab = cfg.vocab_size or 50257
+    cfg, g = load_config(args.config, args.extra), torch.Generator().manual_seed(0)
+    rt, vocab, batch = setup(cfg), cfg.vocab_size or 50257, cfg.eval_batch_size or cfg.batch_size
     model = GPT(cfg.model_config(vocab)).to(rt.device)
-    g = torch.Generator().manual_seed(0)
-    draw = lambda n: torch.randint(0, vocab, (n,), generator=g).tolist()  # noqa: E731
-    items = [(draw(CONTEXT_TOKENS), [draw(ENDING_TOKENS) for _ in range(4)], 0) for _ in range(args.items)]
-    batch = cfg.eval_batch_size or cfg.batch_size
-    score(model, items[:2], vocab, rt.autocast, batch)  # warm-up
-    _, seconds = timed(lambda: score(model, items, vocab, rt.autocast, batch), rt.device)
+    items = [(torch.randint(vocab, (CONTEXT_TOKENS,), generator=g).tolist(),
+              torch.randint(vocab, (4, ENDING_TOKENS), generator=g).tolist(), 0) for _ in range(args.items)]
+    score(model, items[:2], vocab, rt, batch)  # warm-up
+    _, seconds = timed(lambda: score(model, items, vocab, rt, batch), rt.device)
     emit({"bench": "hellaswag", "config": cfg.name, "device": rt.device, "dtype": str(rt.dtype).removeprefix("torch."),
           "threads": torch.get_num_threads(), "batch_rows": batch, "items": args.items,
           "seconds_per_100_items": round(100 * seconds / args.items, 2),

@@ -49,18 +49,6 @@ def _train_quietly(argv: list[str]) -> dict[str, Any]:
         return train.train(load_config(argv[1], argv[2:]))
 
 
-def _train_py(config: str, flags: list[str], score_whole_val: bool = False) -> dict[str, Any]:
-    """One `python train.py --config C --sample-tokens 0 FLAGS`: train()'s result with wall_s added.
-    score_whole_val scores its val_loss on the whole val split."""
-    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
-        t0 = time.perf_counter()
-        result = _train(["--config", config, "--sample-tokens", "0", *flags, "--out-dir", tmp])
-        result["wall_s"] = round(time.perf_counter() - t0, 2)
-        if score_whole_val:
-            result["val_loss"] = _train(["--config", tmp, "--eval-only", "--out-dir", tmp])["val_loss"]
-        return result
-
-
 def add_time_to_loss_parser(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     p = add_parser("time-to-loss", help="whole `python train.py` runs: wall time, final val loss")
     p.add_argument("--config", default="small")
@@ -77,9 +65,16 @@ def add_time_to_loss_parser(add_parser: Callable[..., argparse.ArgumentParser]) 
 
 
 def _timed_run(config: str, flags: list[str], target: float, score_whole_val: bool = False) -> dict[str, Any]:
-    result = _train_py(config, flags, score_whole_val)
+    """One `python train.py --config C --sample-tokens 0 FLAGS`, timed; score_whole_val scores its val loss on the
+    whole val split afterwards, untimed."""
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        t0 = time.perf_counter()
+        result = _train(["--config", config, "--sample-tokens", "0", *flags, "--out-dir", tmp])
+        wall = round(time.perf_counter() - t0, 2)
+        if score_whole_val:
+            result["val_loss"] = _train(["--config", tmp, "--eval-only", "--out-dir", tmp])["val_loss"]
     val = round(result["val_loss"], 4)
-    return {"wall_s": result["wall_s"], "val_loss": val, "steps": result["step"], "stopped": result["stopped"],
+    return {"wall_s": wall, "val_loss": val, "steps": result["step"], "stopped": result["stopped"],
             "train_s": round(result["elapsed"], 2), "reached": val <= target}
 
 

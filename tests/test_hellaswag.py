@@ -1,8 +1,8 @@
 """HellaSwag-style evaluation: our log-likelihoods and accuracies against transformers' GPT-2, bad items, and the
 commands that score it (--eval-only --hellaswag, and --hellaswag-interval during training)."""
 
-import contextlib
 import json
+from unittest import mock
 
 import pytest
 import torch
@@ -14,6 +14,7 @@ from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from model.gpt import GPT
 from model.hf import save_hf_gpt2
 from training import hellaswag
+from training.runtime import setup
 
 GPT2_SHAPE = dict(pos_emb="learned", norm="layernorm", activation="gelu", bias=True, qk_norm=False, tie_weights=True)
 ITEMS = [  # the last context is longer than the test model's block, so its left is cut
@@ -51,7 +52,9 @@ def test_log_likelihoods_and_accuracies_match_transformers(tmp_path):
     assert any(len(ctx) + max(map(len, ends)) > 25 for ctx, ends, _ in items)  # the left cut is exercised
 
     pairs = [(ctx, end) for ctx, ends, _ in items for end in ends]
-    total, count = hellaswag.ending_loglik(ours, pairs, 50257, contextlib.nullcontext)
+    rt = setup(device="cpu", dtype="float32", seed=None)
+    rt.threads = mock.Mock()  # scoring adjusts the CPU threads once per batch, as evaluate() does
+    total, count = hellaswag.ending_loglik(ours, pairs, 50257, rt)
     with torch.no_grad():
         expected = [reference_loglik(hf, ctx, end, 24) for ctx, end in pairs]
     assert count.tolist() == [n for _, n in expected]
@@ -61,15 +64,18 @@ def test_log_likelihoods_and_accuracies_match_transformers(tmp_path):
     sums = torch.tensor([s for s, _ in expected]).view(-1, 4)
     per_token = sums / torch.tensor([n for _, n in expected]).view(-1, 4)
     labels = torch.tensor([label for *_, label in items])
-    scores = hellaswag.score(ours, items, 50257, contextlib.nullcontext, batch_rows=8)  # items split over batches
+    scores = hellaswag.score(ours, items, 50257, rt, batch_rows=8)  # items split over batches
     assert scores == {"hellaswag_acc": (sums.argmax(1) == labels).float().mean().item(),
                       "hellaswag_acc_norm": (per_token.argmax(1) == labels).float().mean().item(),
                       "hellaswag_items": 3}
+    assert rt.threads.update.call_count == 1 + 2
 
 
 @pytest.mark.parametrize("change, message", [
     ({"endings": ["a", "b", "c"]}, "needs four non-empty endings"),
     ({"endings": ["a", "", "c", "d"]}, "needs four non-empty endings"),
+    ({"ctx": ""}, "needs a non-empty ctx, has ''"),
+    ({"ctx": None}, "needs a non-empty ctx, has None"),
     ({"label": 4}, "label 4 is not 0, 1, 2 or 3"),
     ({"label": None}, "label None is not 0, 1, 2 or 3"),
 ])

@@ -1,4 +1,4 @@
-"""HellaSwag-style multiple choice: which of an item's four endings the model finds most likely after its context.
+"""HellaSwag-style multiple choice: which of four endings the model finds likeliest after a context.
 
 Scored as llm.c scores it, so that the numbers compare with its GPT-2 results: the context's tokens, then each
 ending encoded as " " + ending. `acc` picks the ending with the highest summed log-likelihood; `acc_norm` divides
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from configs.errors import UserError
 from data.sources import hub_dataset, reading
+from training.runtime import Runtime
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 Item = tuple[list[int], list[list[int]], int]  # the context's tokens, the four endings' tokens, the label
@@ -41,49 +42,49 @@ def encode(tok: Any, row: dict[str, Any], index: int) -> Item:
     what = f"HellaSwag item {index} (ind {row.get('ind', '?')})"
     if not isinstance(endings, list) or len(endings) != 4 or not all(isinstance(e, str) and e for e in endings):
         raise UserError(f"{what}: needs four non-empty endings, has {endings!r}")
+    if not isinstance(row.get("ctx"), str) or not row["ctx"]:
+        raise UserError(f"{what}: needs a non-empty ctx, has {row.get('ctx')!r}")
     if label not in ("0", "1", "2", "3"):
         raise UserError(f"{what}: label {row.get('label')!r} is not 0, 1, 2 or 3")
     try:
-        return tok.encode(row.get("ctx") or ""), [tok.encode(" " + e) for e in endings], int(label)
+        return tok.encode(row["ctx"]), [tok.encode(" " + e) for e in endings], int(label)
     except UserError as e:
         raise UserError(f"{what}: {e}") from None
 
 
 @torch.no_grad()
 def ending_loglik(model: torch.nn.Module, pairs: list[tuple[list[int], list[int]]], vocab_size: int,
-                  autocast: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                  rt: Runtime) -> tuple[torch.Tensor, torch.Tensor]:
     """Each (context, ending) pair's summed log-likelihood of the ending, and the ending's token count: (n,), (n,).
     The pairs go through the model as one right-padded batch; one longer than the block loses its context's left."""
-    block = model.config.block_size
-    rows = [(ctx + end)[-(block + 1):] for ctx, end in pairs]
+    rows = [(ctx + end)[-(model.config.block_size + 1):] for ctx, end in pairs]
     counts = [min(len(end), len(row) - 1) for (_, end), row in zip(pairs, rows)]
     x = torch.zeros(len(rows), max(map(len, rows)) - 1, dtype=torch.long)
     y = torch.full_like(x, -1)  # -1 is left out of the sum: the context and the padding
     for i, (row, n) in enumerate(zip(rows, counts)):
         x[i, :len(row) - 1] = torch.tensor(row[:-1])
         y[i, len(row) - 1 - n:len(row) - 1] = torch.tensor(row[-n:])
-    device = next(model.parameters()).device
-    with autocast():
-        logits, _ = model(x.to(device))  # (n, T, V)
-    nll = F.cross_entropy(logits[..., :vocab_size].float().transpose(1, 2), y.to(device), ignore_index=-1,
+    if rt.threads:
+        rt.threads.update()  # as evaluate() does, so that scoring uses the cores other processes leave idle
+    with rt.autocast():
+        logits, _ = model(x.to(rt.device))  # (n, T, V)
+    nll = F.cross_entropy(logits[..., :vocab_size].float().transpose(1, 2), y.to(rt.device), ignore_index=-1,
                           reduction="none")  # (n, V, T) -> (n, T); the padded vocabulary's columns cut off
-    return -nll.sum(1), torch.tensor(counts, device=device)
+    return -nll.sum(1), torch.tensor(counts, device=rt.device)
 
 
-def score(model: torch.nn.Module, items: list[Item], vocab_size: int, autocast: Any,
+def score(model: torch.nn.Module, items: list[Item], vocab_size: int, rt: Runtime,
           batch_rows: int = 16) -> dict[str, float]:
     """Accuracy by summed log-likelihood (acc) and per ending token (acc_norm), over batches of whole items."""
-    was_training = model.training
     model.eval()
     correct = torch.zeros(2)
     per_batch = max(1, batch_rows // 4)
     for start in range(0, len(items), per_batch):
         batch = items[start:start + per_batch]
-        total, count = ending_loglik(model, [(ctx, end) for ctx, ends, _ in batch for end in ends], vocab_size,
-                                     autocast)
+        total, count = ending_loglik(model, [(ctx, end) for ctx, ends, _ in batch for end in ends], vocab_size, rt)
         total, count = total.view(-1, 4), count.view(-1, 4)  # (items * 4,) -> (items, 4)
         label = torch.tensor([item[2] for item in batch], device=total.device)
         correct += torch.stack([(total.argmax(1) == label).sum(), ((total / count).argmax(1) == label).sum()]).cpu()
-    model.train(was_training)
+    model.train()  # as evaluate() leaves it: both run between training steps
     acc, acc_norm = (correct / len(items)).tolist()
     return {"hellaswag_acc": acc, "hellaswag_acc_norm": acc_norm, "hellaswag_items": len(items)}

@@ -110,8 +110,7 @@ def eval_only(cfg: TrainConfig, rt: Runtime) -> dict[str, Any]:
         loss = losses[f"{split}_loss"]
         print(f"  {split:<5} loss {loss:.4f}  perplexity {math.exp(loss):.2f}  ({extent})")
     if items:
-        losses |= hellaswag.score(model, items, manifest["vocab_size"], rt.autocast,
-                                  cfg.eval_batch_size or cfg.batch_size)
+        losses |= hellaswag.score(model, items, manifest["vocab_size"], rt, cfg.eval_batch_size or cfg.batch_size)
         print(f"hellaswag acc {losses['hellaswag_acc']:.4f}  acc_norm {losses['hellaswag_acc_norm']:.4f} "
               f"(per ending token)  items {losses['hellaswag_items']}")
     return {**losses, "stopped": "eval_only"}
@@ -143,7 +142,7 @@ def hellaswag_scores(run: Run) -> dict[str, float]:
     """HellaSwag's accuracies at the steps --hellaswag-interval names, else nothing."""
     if not run.data.hellaswag or run.step % run.cfg.hellaswag_interval:
         return {}
-    return hellaswag.score(run.model, run.data.hellaswag, run.data.manifest["vocab_size"], run.rt.autocast,
+    return hellaswag.score(run.model, run.data.hellaswag, run.data.manifest["vocab_size"], run.rt,
                            run.cfg.eval_batch_size or run.cfg.batch_size)
 
 

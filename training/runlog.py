@@ -126,7 +126,6 @@ class RunLog:
         if any("hellaswag_acc" in r for r in self.records):  # on a second axis, since accuracy rises as loss falls
             right = ax.twinx()
             right.plot(*self._series("hellaswag_acc_norm"), "s-", color="tab:green", ms=3, label="HellaSwag acc_norm")
-            right.set(ylabel="HellaSwag accuracy (per ending token)")
             right.legend(loc="upper center")
         fig.tight_layout()
         atomic_write(self.out_dir / "loss.png", lambda f: fig.savefig(f, format="png", dpi=110))
