@@ -44,12 +44,15 @@ def reference_loglik(hf, ctx, end, block):
 def test_log_likelihoods_and_accuracies_match_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    ours = GPT(GPTConfig(vocab_size=50257, block_size=24, n_layer=2, n_head=2, n_embd=16, dropout=0.0,
+    # a padded vocabulary, as the gpt2 preset's: its extra logits must not count, and the export drops them
+    ours = GPT(GPTConfig(vocab_size=50304, block_size=24, n_layer=2, n_head=2, n_embd=16, dropout=0.0,
                          **GPT2_SHAPE)).eval()
-    save_hf_gpt2(ours, tmp_path / "hf")
+    save_hf_gpt2(ours, tmp_path / "hf", vocab_size=50257)
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
-    items = hellaswag.load_items(str(write_items(tmp_path / "items.jsonl", ITEMS)), GPT2Tokenizer())
+    tok = GPT2Tokenizer()
+    items = hellaswag.load_items(str(write_items(tmp_path / "items.jsonl", ITEMS)), tok)
     assert any(len(ctx) + max(map(len, ends)) > 25 for ctx, ends, _ in items)  # the left cut is exercised
+    assert items[0][:2] == (tok.encode(ITEMS[0]["ctx"]), [tok.encode(" " + e) for e in ITEMS[0]["endings"]])
 
     pairs = [(ctx, end) for ctx, ends, _ in items for end in ends]
     rt = setup(device="cpu", dtype="float32", seed=None)
@@ -64,11 +67,11 @@ def test_log_likelihoods_and_accuracies_match_transformers(tmp_path):
     sums = torch.tensor([s for s, _ in expected]).view(-1, 4)
     per_token = sums / torch.tensor([n for _, n in expected]).view(-1, 4)
     labels = torch.tensor([label for *_, label in items])
-    scores = hellaswag.score(ours, items, 50257, rt, batch_rows=8)  # items split over batches
-    assert scores == {"hellaswag_acc": (sums.argmax(1) == labels).float().mean().item(),
-                      "hellaswag_acc_norm": (per_token.argmax(1) == labels).float().mean().item(),
-                      "hellaswag_items": 3}
-    assert rt.threads.update.call_count == 1 + 2
+    for batch_rows in (4, 8):  # one item a batch, and two
+        assert hellaswag.score(ours, items, 50257, rt, batch_rows) == {
+            "hellaswag_acc": (sums.argmax(1) == labels).float().mean().item(),
+            "hellaswag_acc_norm": (per_token.argmax(1) == labels).float().mean().item(), "hellaswag_items": 3}
+    assert rt.threads.update.call_count == 1 + 3 + 2
 
 
 @pytest.mark.parametrize("change, message", [
@@ -90,9 +93,17 @@ def test_text_a_char_model_cannot_encode_names_the_item(tmp_path):
         hellaswag.load_items(str(write_items(tmp_path / "items.jsonl", ITEMS)), CharTokenizer(list(" abc")))
 
 
-def test_a_missing_file_names_the_command_that_fetches_it(tmp_path):
-    with pytest.raises(UserError, match=f"no file {tmp_path}/nope.jsonl; fetch .* with `curl -LO https://"):
-        hellaswag.load_items(str(tmp_path / "nope.jsonl"), GPT2Tokenizer())
+@pytest.mark.parametrize("name", ["nope.jsonl", "nope.json"])
+def test_a_missing_file_names_the_command_that_fetches_it(tmp_path, name):
+    with pytest.raises(UserError, match=f"no file {tmp_path}/{name}; fetch .* with `curl -LO https://"):
+        hellaswag.load_items(str(tmp_path / name), GPT2Tokenizer())
+
+
+@pytest.mark.parametrize("text", ["not json\n", ""])
+def test_a_file_that_is_not_json_lines_is_one_line_naming_it(tmp_path, text):
+    (tmp_path / "items.jsonl").write_text(text)
+    with pytest.raises(UserError, match=f"HellaSwag file {tmp_path}/items.jsonl: .*; check that it is JSON Lines$"):
+        hellaswag.load_items(str(tmp_path / "items.jsonl"), GPT2Tokenizer())
 
 
 def char_items(tmp_path):
@@ -150,3 +161,6 @@ def test_a_hub_id_offline_names_the_command_that_fetches_it_and_a_cached_one_is_
     monkeypatch.setattr(datasets, "load_dataset", cached)
     assert [label for *_, label in hellaswag.load_items("Rowan/hellaswag", GPT2Tokenizer())] == [3, 0]
     assert asked == [("Rowan/hellaswag", "validation")]
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: datasets.Dataset.from_list([]))
+    with pytest.raises(UserError, match="^--hellaswag Rowan/hellaswag holds no items; fetch"):
+        hellaswag.load_items("Rowan/hellaswag", GPT2Tokenizer())

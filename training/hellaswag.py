@@ -74,7 +74,7 @@ def ending_loglik(model: torch.nn.Module, pairs: list[tuple[list[int], list[int]
 
 
 def score(model: torch.nn.Module, items: list[Item], vocab_size: int, rt: Runtime,
-          batch_rows: int = 16) -> dict[str, float]:
+          batch_rows: int) -> dict[str, float]:
     """Accuracy by summed log-likelihood (acc) and per ending token (acc_norm), over batches of whole items."""
     model.eval()
     correct = torch.zeros(2)
@@ -83,8 +83,8 @@ def score(model: torch.nn.Module, items: list[Item], vocab_size: int, rt: Runtim
         batch = items[start:start + per_batch]
         total, count = ending_loglik(model, [(ctx, end) for ctx, ends, _ in batch for end in ends], vocab_size, rt)
         total, count = total.view(-1, 4), count.view(-1, 4)  # (items * 4,) -> (items, 4)
-        label = torch.tensor([item[2] for item in batch], device=total.device)
-        correct += torch.stack([(total.argmax(1) == label).sum(), ((total / count).argmax(1) == label).sum()]).cpu()
+        picks = torch.stack([total.argmax(1), (total / count).argmax(1)]).cpu()  # (2, items): by sum, per token
+        correct += (picks == torch.tensor([label for *_, label in batch])).sum(1)
     model.train()  # as evaluate() leaves it: both run between training steps
     acc, acc_norm = (correct / len(items)).tolist()
     return {"hellaswag_acc": acc, "hellaswag_acc_norm": acc_norm, "hellaswag_items": len(items)}
