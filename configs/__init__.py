@@ -90,10 +90,10 @@ class TrainConfig(GPTConfig):
     init_from: str = setting("", "start from a run dir of ours, a local HF GPT-2 dir or a hub id (gpt2, "
                              "gpt2-medium, ...); ignored by --resume")
     eval_only: bool = setting(False, "no training: loss and perplexity of --init-from (or out_dir's checkpoint)")
-    hellaswag: str = setting("", "HellaSwag-format items (a .jsonl file, or a hub id: Rowan/hellaswag) that "
-                             "--eval-only and --hellaswag-interval score; empty = none")
+    hellaswag: str = setting("", "HellaSwag-format items (a .jsonl file, or a hub id: Rowan/hellaswag) to score "
+                             "with --eval-only or while training; empty = none")
     hellaswag_interval: int = setting(0, "steps between HellaSwag scores while training, a multiple of "
-                                      "--eval-interval; 0 = none")
+                                      "--eval-interval; 0 = at every eval")
     wandb: bool = setting(False, "log to Weights & Biases (offline without an API key)")
     wandb_project: str = setting("", "the wandb project (default: $WANDB_PROJECT, else gpt)")
     wandb_run_name: str = setting("", "empty = the config name")

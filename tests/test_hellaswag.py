@@ -131,13 +131,14 @@ def test_eval_only_prints_both_accuracies_and_the_item_count(tmp_path, data_root
     assert 0 <= acc <= 1 and 0 <= acc_norm <= 1 and line.endswith("items 5")
 
 
-def test_training_scores_it_every_interval_into_the_metrics(tmp_path, data_root, capsys):
+@pytest.mark.parametrize("interval, steps", [([], [0, 2, 4]), (["--hellaswag-interval", "4"], [0, 4])])
+def test_training_scores_it_at_every_eval_or_every_interval_into_the_metrics(tmp_path, data_root, capsys, interval,
+                                                                               steps):
     items = char_items(tmp_path)
-    assert train.main(run_args(tmp_path / "run", data_root, "--hellaswag", str(items),
-                               "--hellaswag-interval", "4")) == 0
+    assert train.main(run_args(tmp_path / "run", data_root, "--hellaswag", str(items), *interval)) == 0
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     scored = [r["step"] for r in records if "hellaswag_acc_norm" in r]
-    assert scored == [0, 4] and all(r["hellaswag_items"] == 5 for r in records if "hellaswag_acc" in r)
+    assert scored == steps and all(r["hellaswag_items"] == 5 for r in records if "hellaswag_acc" in r)
     assert "hellaswag acc_norm" in capsys.readouterr().out
 
 

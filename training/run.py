@@ -139,8 +139,8 @@ def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime
 
 
 def hellaswag_scores(run: Run) -> dict[str, float]:
-    """HellaSwag's accuracies at the steps --hellaswag-interval names, else nothing."""
-    if not run.data.hellaswag or run.step % run.cfg.hellaswag_interval:
+    """HellaSwag's accuracies at every eval, or at the steps --hellaswag-interval names; else nothing."""
+    if not run.data.hellaswag or (run.cfg.hellaswag_interval and run.step % run.cfg.hellaswag_interval):
         return {}
     return hellaswag.score(run.model, run.data.hellaswag, run.data.manifest["vocab_size"], run.rt,
                            run.cfg.eval_batch_size or run.cfg.batch_size)
@@ -160,7 +160,7 @@ def sample_text(run: Run) -> str:
 
 @dataclass(frozen=True)
 class Data:
-    """The run's dataset: its folder and manifest; on rank 0, also the HellaSwag items --hellaswag-interval scores."""
+    """The run's dataset: its folder and manifest; on rank 0, also the HellaSwag items it scores, if any."""
 
     dir: Path
     manifest: dict[str, Any]
@@ -181,7 +181,7 @@ def open_data(cfg: TrainConfig, rt: Runtime) -> Iterator[Data]:
             if short := [s for s in ("val", "train") if manifest[f"{s}_tokens"] <= cfg.block_size]:
                 raise UserError(f"{short[0]} split of {cfg.dataset} is shorter than one block "
                                 f"({cfg.block_size + 1} tokens); lower --block-size")
-            items = hellaswag.load_items(cfg.hellaswag, tok) if cfg.hellaswag_interval and rt.is_master else []
+            items = hellaswag.load_items(cfg.hellaswag, tok) if cfg.hellaswag and rt.is_master else []
         yield Data(ds_dir, manifest, items)
 
 
