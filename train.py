@@ -42,9 +42,8 @@ from model.checkpoint import BEST_NAME, CKPT_NAME, keep_best
 from training.budget import StopSignal, TimeBudget, exit_code
 from training.optim import lr_multiplier, set_lr
 from training.plan import out_of_memory
-from training.run import (Run, TrainingDiverged, build_model, build_optimizer, eval_only, evaluate,
-                          final_estimate, hellaswag_scores, lock_run_dir, open_data, resumed_checkpoint, sample_text,
-                          save)
+from training.run import (Run, TrainingDiverged, build_model, build_optimizer, eval_only, evaluate, final_estimate,
+                          hellaswag_scores, lock_run_dir, open_data, resumed_checkpoint, sample_text, save)
 from training.runtime import Runtime, setup
 
 
@@ -55,8 +54,7 @@ def forward_backward(train_model: torch.nn.Module, loader: GlobalBatchLoader, rt
     batches = loader.next_step()
     grad_accum = len(batches)
     for micro, (x, y) in enumerate(batches):
-        sync = train_model.no_sync() if rt.ddp and micro < grad_accum - 1 else contextlib.nullcontext()
-        with sync:
+        with train_model.no_sync() if rt.ddp and micro < grad_accum - 1 else contextlib.nullcontext():
             with rt.autocast():
                 _, loss = train_model(x, y)
             loss = loss / grad_accum
@@ -90,9 +88,8 @@ def checkpoint(run: Run, stop: StopSignal, budget: TimeBudget | None = None, sav
     if run.last_eval.get("step") == run.step:
         return
     run.last_eval = {"step": run.step}  # The losses join it below, unless a stop signal cuts the eval short.
-    # losses is None if a stop signal cut the eval short, and {} on the other ranks.
     losses = stop.cut_short(lambda: evaluate(run.model, run.data.dir, run.cfg, rt) | hellaswag_scores(run)) \
-        if rt.is_master else {}
+        if rt.is_master else {}  # None if a stop signal cut the eval short, and {} on the other ranks.
     val = torch.tensor((losses or {}).get("val_loss", 0.0), device=rt.device)
     if rt.ddp:
         torch.distributed.broadcast(val, src=0)  # also the barrier: the others wait for rank 0
@@ -102,17 +99,16 @@ def checkpoint(run: Run, stop: StopSignal, budget: TimeBudget | None = None, sav
         return
     if rt.is_master:
         with stop.holding():
-            record(run, losses, saved=save_first)
+            record(run, losses)
     if budget is not None:  # The final checkpoint also draws loss.png, so its cost is timed with it.
         budget.record_final(time.time() - t0 + (run.log.plot_cost if run.log else 0.0))
 
 
-def record(run: Run, losses: dict[str, float], saved: bool) -> None:
+def record(run: Run, losses: dict[str, float]) -> None:
     """Rank 0 after an eval: save (kept as best.pt if val improved), then log, plot and print the losses."""
     improved = losses["val_loss"] < run.best_val
     run.best_val, run.last_eval = min(run.best_val, losses["val_loss"]), {"step": run.step, **losses}
-    saving = run.step > 0 and run.saved_at != run.step
-    if saving:
+    if run.step > 0 and run.saved_at != run.step:
         save(run)
     if improved and run.saved_at == run.step:
         keep_best(run.run_dir)
@@ -122,7 +118,7 @@ def record(run: Run, losses: dict[str, float], saved: bool) -> None:
     run.log.plot(force=False)
     hellaswag = f", hellaswag acc_norm {losses['hellaswag_acc_norm']:.4f}" if "hellaswag_acc" in losses else ""
     tqdm.write(f"step {run.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}{hellaswag}"
-               f"{' (best)' if improved else ''}{', saved' if saving or saved else ''}")
+               f"{' (best)' if improved else ''}{', saved' if run.saved_at == run.step else ''}")
 
 
 def schedule_progress(step: int, cfg: TrainConfig, budget: TimeBudget | None) -> float:
@@ -189,8 +185,7 @@ def torch_errors(cfg: TrainConfig, rt: Runtime) -> Iterator[None]:
     try:
         yield
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError.
-        # A missing deterministic kernel is a plain RuntimeError: no type or attribute tells it apart, so its
-        # text is matched. The op's name is not parsed out of it.
+        # A missing deterministic kernel is a plain RuntimeError that only its text tells apart (the op is not named).
         if rt.deterministic and "does not have a deterministic implementation" in str(e):
             raise UserError(f"--deterministic: an op this run needs has no deterministic kernel on {rt.device}; drop "
                             "--deterministic (runs then repeat only approximately)") from None
@@ -203,9 +198,8 @@ def loop(run: Run, stop: StopSignal) -> None:
     """Train until max_iters, the time limit or a stop signal (run.stopped says which), then checkpoint."""
     cfg, rt = run.cfg, run.rt
     budget = TimeBudget(cfg.max_time, run.started, final_estimate(run)) if cfg.max_time else None
-    bar = tqdm(total=cfg.max_iters, initial=run.step, disable=not rt.is_master, dynamic_ncols=True, unit="step")
     run.stopped, window = "max_iters", []
-    with bar:
+    with tqdm(total=cfg.max_iters, initial=run.step, disable=not rt.is_master, dynamic_ncols=True, unit="step") as bar:
         if run.step == 0 and budget is None:
             checkpoint(run, stop)  # The untrained model's loss, about ln(vocab_size), anchors the curve.
         if budget is not None:
@@ -231,14 +225,12 @@ def loop(run: Run, stop: StopSignal) -> None:
             if rt.is_master and (run.step % cfg.log_interval == 0 or signalled or late or run.step == cfg.max_iters):
                 log_progress(run, window, cfg.lr * multiplier, grad_norm, bar)
                 window = []
+            if not (signalled or late) and run.step % cfg.eval_interval == 0 and run.step < cfg.max_iters:
+                checkpoint(run, stop, budget)
+                signalled = agree(rt, torch.zeros((), device=rt.device), stop.name is not None)[1]  # A stop during it.
             if signalled or late:
                 run.stopped = (stop.name or "SIGTERM") if signalled else "max_time"
                 break
-            if run.step % cfg.eval_interval == 0 and run.step < cfg.max_iters:
-                checkpoint(run, stop, budget)
-                if agree(rt, torch.zeros((), device=rt.device), stop.name is not None)[1]:  # A signal during it.
-                    run.stopped = stop.name or "SIGTERM"
-                    break
     if run.last_eval.get("step") != run.step or run.saved_at != run.step:
         checkpoint(run, stop, budget, save_first=run.stopped.startswith("SIG"))
 

@@ -9,7 +9,7 @@ import sys
 import textwrap
 import timeit
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +46,7 @@ def build_model(cfg: TrainConfig, rt: Runtime, manifest: dict[str, Any], ckpt: d
     cfg with --batch-size auto resolved. Loaded weights keep their architecture; dropout is always cfg's."""
     vocab_size, trained_on = manifest["vocab_size"], ckpt and ckpt.get("manifest")
     if not cfg.init_from:  # Pretrained weights bring an architecture that is known only once they load.
-        saved = (ckpt or {}).get("model_config")
-        shape = GPTConfig.from_dict(saved, dropout=cfg.dropout) if saved else cfg.model_config(vocab_size)
+        shape = GPTConfig.from_dict(ckpt["model_config"], dropout=cfg.dropout) if ckpt else cfg.model_config(vocab_size)
         check_fits(cfg, shape, rt)  # Before building, which allocates the masks.
     if ckpt is not None:
         source: str | Path = cfg.run_dir / CKPT_NAME
@@ -164,7 +163,7 @@ class Data:
 
     dir: Path
     manifest: dict[str, Any]
-    hellaswag: list[hellaswag.Item] = field(default_factory=list)
+    hellaswag: list[hellaswag.Item]
 
 
 @contextlib.contextmanager
