@@ -19,7 +19,6 @@ from . import decode, hellaswag, memory, runs, train
 
 @entry_point
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
     parser = ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (decode.add_sample_parser, train.add_train_parser, runs.add_time_to_loss_parser,
@@ -28,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     args, extra = parser.parse_known_args(argv)  # all but sample pass the flags they lack on to TrainConfig
     if extra and not getattr(args, "passthrough", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.extra, args.argv = extra, argv
+    args.extra = extra
     args.func(args)
 
 

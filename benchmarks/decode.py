@@ -58,11 +58,9 @@ def stream_copy_gb_s(device: str, nbytes: int = 2**29, repeats: int = 5) -> floa
 def decode_bytes_per_step(model: nn.Module, dtype: torch.dtype, cache_slots: int) -> int:
     """Bytes a cached decode step of one row reads: each layer's keys and values in every cache slot, and every
     weight but one row of each embedding table (a tied lm_head reads wte whole)."""
-    c, tables = model.config, {"transformer.wte.weight", "transformer.wpe.weight"}
-    numel = sum(p.numel() for n, p in model.named_parameters() if n not in tables)
-    numel += model.lm_head.weight.numel() if c.tie_weights else 0
-    kv = 2 * c.n_layer * cache_slots * c.n_embd
-    return (numel + kv) * dtype.itemsize
+    c = model.config
+    weights = model.num_params(non_embedding=True) - (0 if c.tie_weights else model.transformer.wte.weight.numel())
+    return (weights + 2 * c.n_layer * cache_slots * c.n_embd) * dtype.itemsize
 
 
 def _sample_model(args: argparse.Namespace) -> tuple[nn.Module, Any]:

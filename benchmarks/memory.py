@@ -62,14 +62,6 @@ def check(cfg: TrainConfig, vocab_size: int, dtype: torch.dtype, accum: int = 2)
             "beyond_states_ratio": round((mem["total"] - states) / (measured - states), 4)}
 
 
-def vocab_size(cfg: TrainConfig) -> int:
-    """cfg's vocab_size, else its dataset's (a preset is prepared first, as training would)."""
-    try:
-        return cfg.vocab_size or read_dataset_manifest(dataset_dir(cfg.dataset, cfg.data_root))["vocab_size"]
-    except UserError as e:
-        raise UserError(f"{e}; or measure without the data by giving --vocab-size") from None
-
-
 def add_memory_parser(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     p = add_parser("memory", help="plan.py's peak-memory estimate vs the CPU's measured peak")
     p.add_argument("--config", default="small", help="a configs/<name>.py or a .toml; other flags are its fields")
@@ -82,7 +74,10 @@ def bench_memory(args: argparse.Namespace) -> None:
     if cfg.batch_size == 0:
         raise UserError("memory measures a given --batch-size, not auto")
     with contextlib.redirect_stdout(sys.stderr):  # stdout is for the JSON line only
-        vocab = vocab_size(cfg)
+        try:  # cfg's vocab_size, else its dataset's (a preset is prepared first, as training would)
+            vocab = cfg.vocab_size or read_dataset_manifest(dataset_dir(cfg.dataset, cfg.data_root))["vocab_size"]
+        except UserError as e:
+            raise UserError(f"{e}; or measure without the data by giving --vocab-size") from None
     shape = ("n_layer", "n_embd", "n_head", "block_size", "batch_size", "attention", "pos_emb", "optimizer", "compile")
     emit({"bench": "memory", "config": cfg.name, **{k: getattr(cfg, k) for k in shape}, "vocab_size": vocab,
           "dtype": args.dtype, "accum": 2, **check(cfg, vocab, getattr(torch, args.dtype))})

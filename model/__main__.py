@@ -13,7 +13,7 @@ from configs.errors import UserError, entry_point, first_line
 
 
 @entry_point
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     from configs import available_configs, load_config
     from configs.cli import ArgumentParser, integer
     from data.manifest import read_manifest
@@ -46,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         raise UserError(f"a tensor of this walk would hold more than 2**63 bytes ({first_line(e)}); "
                         "use a smaller --batch-size, --seq-len or vocabulary") from None
-    return 0
 
 
 if __name__ == "__main__":

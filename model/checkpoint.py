@@ -62,7 +62,7 @@ def find_checkpoint(path: str | Path | None = None, best: bool = False, config: 
     raise UserError(f"no checkpoint at {p}; train one first: `python train.py {train}`{hint}")
 
 
-def keep_best(run_dir: str | Path) -> Path:
+def keep_best(run_dir: str | Path) -> None:
     """Make best.pt a hard link to the ckpt.pt just written (its next atomic replace leaves best.pt alone),
     or a copy where links are not allowed."""
     run_dir = Path(run_dir)
@@ -76,7 +76,6 @@ def keep_best(run_dir: str | Path) -> Path:
             os.replace(tmp, best)
     finally:
         tmp.unlink(missing_ok=True)
-    return best
 
 
 def is_checkpoint(path: str | Path) -> bool:

@@ -68,10 +68,8 @@ def load_hf_gpt2(path: str | Path, **overrides) -> GPT:
     model = GPT(GPTConfig(
         vocab_size=hf["vocab_size"], n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
         block_size=hf.get("n_positions", hf.get("n_ctx", 1024)),
-        mlp_ratio=(hf.get("n_inner") or 4 * hf["n_embd"]) // hf["n_embd"],
-        norm_eps=hf.get("layer_norm_epsilon", 1e-5), tie_weights=hf.get("tie_word_embeddings", True),
-        **{**GPT2_ARCH, **overrides},
-    ))
+        mlp_ratio=(hf.get("n_inner") or 4 * hf["n_embd"]) // hf["n_embd"], **{**GPT2_ARCH, **overrides},
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5), tie_weights=hf.get("tie_word_embeddings", True)))
     ours = model.state_dict()
     theirs = {}
     for key, tensor in _read_state_dict(path).items():
@@ -165,7 +163,7 @@ def pretrained_manifest(path: Path, ckpt: dict[str, Any] | None) -> dict[str, An
     return saved
 
 
-def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_size: int | None = None) -> Path:
+def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_size: int | None = None) -> None:
     """Write model as a HF GPT-2 directory that `GPT2LMHeadModel.from_pretrained` loads. eot_id is the
     tokenizer's end-of-text, if any; vocab_size (the tokenizer's) drops the rows of a padded embedding."""
     from safetensors.torch import save
@@ -196,7 +194,6 @@ def save_hf_gpt2(model: GPT, path: str | Path, eot_id: int | None = None, vocab_
     # Bytes through atomic_write: safetensors' own save_file leaves the file 0600 whatever the umask.
     atomic_write(path / "model.safetensors", lambda f: f.write(save(state, metadata={"format": "pt"})))
     write_json(path / "generation_config.json", {"bos_token_id": eot_id, "eos_token_id": eot_id})
-    return path
 
 
 def export_run(run: str | Path, out: str | Path) -> Path:
@@ -241,7 +238,7 @@ def export_run(run: str | Path, out: str | Path) -> Path:
 
 
 @entry_point
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     from configs.cli import ArgumentParser
 
     parser = ArgumentParser(prog="python -m model.hf", description=__doc__.splitlines()[0])
@@ -254,7 +251,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}\n"
           f"load it with transformers: AutoModelForCausalLM.from_pretrained({str(out)!r}), "
           f"AutoTokenizer.from_pretrained({str(out)!r})")
-    return 0
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -13,15 +13,12 @@ from .attention import CausalSelfAttention
 from .gpt import GPT
 
 
-@contextmanager
-def hooked(modules: Iterable[nn.Module], hook: Callable[..., Any]) -> Iterator[None]:
+def hooked(modules: Iterable[nn.Module], hook: Callable[..., Any]) -> ExitStack:
     """hook(module, inputs, output) runs after each module's forward inside the with-block."""
-    handles = [m.register_forward_hook(hook) for m in modules]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    stack = ExitStack()  # each hook's handle is a context manager that removes it
+    for m in modules:
+        stack.enter_context(m.register_forward_hook(hook))
+    return stack
 
 
 @torch.no_grad()
