@@ -68,8 +68,10 @@ def load_hf_gpt2(path: str | Path, **overrides) -> GPT:
     model = GPT(GPTConfig(
         vocab_size=hf["vocab_size"], n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
         block_size=hf.get("n_positions", hf.get("n_ctx", 1024)),
-        mlp_ratio=(hf.get("n_inner") or 4 * hf["n_embd"]) // hf["n_embd"], **{**GPT2_ARCH, **overrides},
-        norm_eps=hf.get("layer_norm_epsilon", 1e-5), tie_weights=hf.get("tie_word_embeddings", True)))
+        mlp_ratio=(hf.get("n_inner") or 4 * hf["n_embd"]) // hf["n_embd"],
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5), tie_weights=hf.get("tie_word_embeddings", True),
+        **{**GPT2_ARCH, **overrides},
+    ))
     ours = model.state_dict()
     theirs = {}
     for key, tensor in _read_state_dict(path).items():

@@ -73,7 +73,8 @@ def ending_loglik(model: torch.nn.Module, pairs: list[tuple[list[int], list[int]
     return -nll.sum(1), torch.tensor(counts, device=rt.device)
 
 
-def score(model: torch.nn.Module, items: list[Item], vocab_size: int, rt: Runtime, batch_rows: int) -> dict[str, float]:
+def score(model: torch.nn.Module, items: list[Item], vocab_size: int, rt: Runtime,
+          batch_rows: int) -> dict[str, float]:
     """Accuracy by summed log-likelihood (acc) and per ending token (acc_norm), over batches of whole items."""
     model.eval()
     correct = torch.zeros(2)
