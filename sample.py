@@ -205,27 +205,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UserError(str(e).replace("--ckpt", "--out-dir") if out_dir else str(e)) from None
 
 
-def write_samples(args: argparse.Namespace, prompts: list[str], decode: Callable[..., list[str]]) -> None:
-    """Stream one sample to stdout as it decodes; print several a --batch-size batch at a time, each under a header."""
-    out = sys.stdout
-    # lazy: --num-samples 1e9 streams until Ctrl-C instead of building a billion rows first
-    rows = ((j, k) for j in range(len(prompts)) for k in range(args.num_samples))
-    if len(prompts) * args.num_samples == 1:
-        print(prompts[0], end="", file=out, flush=True)
-        text = decode([0], on_text=lambda _, piece: (out.write(piece), out.flush()) if piece else None)[0]
-        out.write("" if (prompts[0] + text).endswith("\n") else "\n")
-        return
-    while chunk := list(itertools.islice(rows, args.batch_size)):
-        for (j, k), text in zip(chunk, decode([j for j, _ in chunk])):
-            where = f"prompt {j + 1}/{len(prompts)}, " if len(prompts) > 1 else ""
-            out.write(f"--- {where}sample {k + 1}/{args.num_samples} ---\n{prompts[j]}{text}")
-            out.write("" if (prompts[j] + text).endswith("\n") else "\n")
-        out.flush()
-
-
-@entry_point
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> None:
     if "" in args.stop:
         raise UserError("--stop must not be empty")
     if "" in (args.config, args.init_from, args.prompt_file):
@@ -251,7 +231,30 @@ def main(argv: list[str] | None = None) -> None:
                               top_k=args.top_k, top_p=args.top_p, stops=stops, generator=generator,
                               compile=args.compile, **stream)
 
-    write_samples(args, prompts, decode)  # `| head`: entry_point ends it quietly when the reader leaves
+    write_samples(args, prompts, decode)
+
+
+def write_samples(args: argparse.Namespace, prompts: list[str], decode: Callable[..., list[str]]) -> None:
+    """Stream one sample to stdout as it decodes; print several a --batch-size batch at a time, each under a header."""
+    out = sys.stdout
+    # lazy: --num-samples 1e9 streams until Ctrl-C instead of building a billion rows first
+    rows = ((j, k) for j in range(len(prompts)) for k in range(args.num_samples))
+    if len(prompts) * args.num_samples == 1:
+        print(prompts[0], end="", file=out, flush=True)
+        text = decode([0], on_text=lambda _, piece: (out.write(piece), out.flush()) if piece else None)[0]
+        out.write("" if (prompts[0] + text).endswith("\n") else "\n")
+        return
+    while chunk := list(itertools.islice(rows, args.batch_size)):
+        for (j, k), text in zip(chunk, decode([j for j, _ in chunk])):
+            where = f"prompt {j + 1}/{len(prompts)}, " if len(prompts) > 1 else ""
+            out.write(f"--- {where}sample {k + 1}/{args.num_samples} ---\n{prompts[j]}{text}")
+            out.write("" if (prompts[j] + text).endswith("\n") else "\n")
+        out.flush()
+
+
+@entry_point
+def main(argv: list[str] | None = None) -> None:
+    run(parse_args(argv))  # `| head`: entry_point ends it quietly when the reader leaves
 
 
 if __name__ == "__main__":
