@@ -16,6 +16,15 @@ def pytest_configure(config):
             signal.signal(sig, default)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def temp_files_stay_in_pytests_folder(tmp_path_factory):
+    """torchrun keeps a log folder in the temp dir, and a stopped process leaves its temp files: the scripts the
+    tests start put theirs under pytest's own temp folder, which pytest prunes, rather than into /tmp."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", str(tmp_path_factory.mktemp("tmp")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def one_thread():
     """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's

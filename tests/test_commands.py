@@ -12,6 +12,7 @@ import contextlib
 import gzip
 import io
 import json
+import os
 import re
 import shlex
 import shutil
@@ -181,7 +182,8 @@ def run(command: str, shrink: bool, data_root: Path, capsys, monkeypatch) -> tup
     if stdin:
         monkeypatch.setattr(sys, "stdin", io.StringIO(shlex.split(stdin)[1] + "\n"))
     if argv[0] == "torchrun":
-        env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": str(Path(sys.executable).parent)}
+        env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": str(Path(sys.executable).parent),
+               "TMPDIR": os.environ["TMPDIR"]}  # conftest's: torchrun leaves a folder there
         script = [str(ROOT / a) if a == "train.py" else a for a in argv[1:]]  # run from the work directory
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *script, *TINY, "--data-root",
                                str(data_root)], capture_output=True, text=True, env=env, timeout=300)

@@ -129,7 +129,8 @@ def test_torchrun_variables_without_torchrun_are_one_line(env, tmp_path, data_ro
 
 
 def test_a_mistake_every_process_finds_is_printed_once(tmp_path, data_root):
-    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": str(Path(sys.executable).parent)}
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": str(Path(sys.executable).parent),
+           "TMPDIR": os.environ["TMPDIR"]}  # conftest's: torchrun leaves a folder there
     done = script("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
                   *tiny_args(tmp_path, data_root, "--tokens-per-step", "1000"), env=env)
     errors = [line for line in done.stderr.decode().splitlines() if line.startswith("error: ")]
