@@ -225,12 +225,14 @@ def loop(run: Run, stop: StopSignal) -> None:
             if rt.is_master and (run.step % cfg.log_interval == 0 or signalled or late or run.step == cfg.max_iters):
                 log_progress(run, window, cfg.lr * multiplier, grad_norm, bar)
                 window = []
-            if not (signalled or late) and run.step % cfg.eval_interval == 0 and run.step < cfg.max_iters:
-                checkpoint(run, stop, budget)
-                signalled = agree(rt, torch.zeros((), device=rt.device), stop.name is not None)[1]  # A stop during it.
             if signalled or late:
                 run.stopped = (stop.name or "SIGTERM") if signalled else "max_time"
                 break
+            if run.step % cfg.eval_interval == 0 and run.step < cfg.max_iters:
+                checkpoint(run, stop, budget)
+                if agree(rt, torch.zeros((), device=rt.device), stop.name is not None)[1]:  # A signal during it.
+                    run.stopped = stop.name or "SIGTERM"
+                    break
     if run.last_eval.get("step") != run.step or run.saved_at != run.step:
         checkpoint(run, stop, budget, save_first=run.stopped.startswith("SIG"))
 
