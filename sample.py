@@ -17,8 +17,6 @@ The tokenizer comes with the checkpoint (GPT-2 BPE for other Hugging Face models
 header each. A sample ends at end-of-text or right after its first --stop string.
 """
 
-from __future__ import annotations
-
 from configs.errors import start_script
 
 start_script(__name__)  # first: Ctrl-C during the imports below (torch: seconds) is one line

@@ -17,8 +17,6 @@ reader of the output leaving (`| head`) saves and exits 128 + the signal's numbe
 unsaved); a nan/inf loss stops without saving and exits 2, as bad options do.
 """
 
-from __future__ import annotations
-
 from configs.errors import start_script
 
 start_script(__name__)  # first: Ctrl-C during the imports below (torch: seconds) is one line

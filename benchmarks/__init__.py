@@ -1,7 +1,5 @@
 """What the benchmarks share: one JSON line per measurement, a device sync around each timing."""
 
-from __future__ import annotations
-
 import itertools
 import json
 import time

@@ -7,8 +7,6 @@
     python -m benchmarks hellaswag --config gpt2 --items 100     # HellaSwag seconds per 100 items
 """
 
-from __future__ import annotations
-
 import sys
 
 from configs.cli import ArgumentParser

@@ -7,8 +7,6 @@ Random weights decode at the speed of trained ones. The reference is transformer
 eager mode. For gpt2 each line adds the GB/s a step reads, beside a STREAM-like copy bandwidth.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import copy

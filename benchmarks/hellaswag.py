@@ -3,8 +3,6 @@
     python -m benchmarks hellaswag --config gpt2 --items 100        # GPT-2 124M's shape
 """
 
-from __future__ import annotations
-
 import argparse
 from collections.abc import Callable
 

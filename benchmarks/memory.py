@@ -6,8 +6,6 @@
 CPU training keeps the tensors a GPU keeps, so the CPU's profiler checks the estimate without a GPU.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import itertools

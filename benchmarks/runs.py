@@ -7,8 +7,6 @@
 Other flags go to train.py. Wall time is the whole process's, start-up included: what a user waits.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import multiprocessing

@@ -8,8 +8,6 @@ Data loading is not timed: up to 64 micro-batches are drawn up front. With --imp
 turns of --block steps, so drift in the machine's load hits both alike.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import math

@@ -8,8 +8,6 @@
 "Off" is 0 or "" (max_time=0), never None, so every flag takes one plain value.
 """
 
-from __future__ import annotations
-
 import importlib
 import json
 import pkgutil

@@ -4,8 +4,6 @@ Every `--top-k` is also `--top_k` (nanoGPT's spelling); booleans are `--force`, 
 `--force false`; --help shows every default; bad input is one UserError line with a "did you mean"; no prefixes.
 """
 
-from __future__ import annotations
-
 import argparse
 import difflib
 import math

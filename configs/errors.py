@@ -1,7 +1,5 @@
 """How a script starts and ends: one line and exit status 2 for a mistake a user can fix (UserError)."""
 
-from __future__ import annotations
-
 import codecs
 import errno
 import functools

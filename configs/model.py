@@ -1,7 +1,5 @@
 """GPTConfig: the network's shape and switches, each with one default, a --help line and a check."""
 
-from __future__ import annotations
-
 from argparse import ArgumentTypeError
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
@@ -61,7 +59,7 @@ class GPTConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], **overrides: Any) -> GPTConfig:
+    def from_dict(cls, d: dict[str, Any], **overrides: Any) -> "GPTConfig":
         """From a saved dict (and overrides, e.g. dropout), ignoring keys this version does not know."""
         return cls(**{k: v for k, v in {**d, **overrides}.items() if k in checks(cls)})
 

@@ -3,8 +3,6 @@
 A reader, a crash or a full disk then meets the old file or the new one, never half of one.
 """
 
-from __future__ import annotations
-
 import contextlib
 import ctypes
 import errno

@@ -8,8 +8,6 @@ gives micro-step m of process r slice m * world_size + r of the draw, so a step'
 process count, and rank 0's state resumes a run on any.
 """
 
-from __future__ import annotations
-
 import functools
 import os
 from collections.abc import Iterator

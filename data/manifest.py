@@ -7,8 +7,6 @@ source (what was read), sha256 (of the local files' bytes, or of a hub dataset's
 its own vocabulary, so --resume, --init-from and sampling refuse every mismatch.
 """
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 from typing import Any

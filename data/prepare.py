@@ -15,8 +15,6 @@ stream split by tokens, since a streamed source's size is known only at its end.
 manifest matches reuses the files; --force rebuilds them.
 """
 
-from __future__ import annotations
-
 from configs.errors import start_script
 
 start_script(__name__)  # first, so that Ctrl-C during the imports below (numpy, tiktoken) is one line

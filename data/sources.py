@@ -5,8 +5,6 @@ is copied into the datasets cache. Text files are read as UTF-8; bytes that are 
 a few of them in a large scraped corpus are no reason to refuse it.
 """
 
-from __future__ import annotations
-
 import contextlib
 import hashlib
 import logging

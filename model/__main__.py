@@ -4,8 +4,6 @@
     python -m model --config gpt2 --seq-len 8
 """
 
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 

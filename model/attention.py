@@ -1,7 +1,5 @@
 """Multi-head attention, fused (the GPT's) and per-head (the write-ups' form, the tests' oracle)."""
 
-from __future__ import annotations
-
 import math
 from typing import TYPE_CHECKING
 
@@ -26,7 +24,7 @@ class CausalSelfAttention(nn.Module):
     """Fused multi-head causal self-attention, the GPT's. A query with no key to attend to (a cached padding
     step with nothing real before it) gets attention 0 on both paths, so its output is c_proj's bias."""
 
-    def __init__(self, config: GPTConfig, layer_idx: int = 0):
+    def __init__(self, config: "GPTConfig", layer_idx: int = 0):
         super().__init__()
         self.n_head = config.n_head
         self.head_size = config.head_size
@@ -45,7 +43,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, *, padding_mask: torch.Tensor | None = None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
+                kv_cache: "KVCache | None" = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). padding_mask (B, T) is True at real tokens; rotary is (cos, sin) for the
         query positions. With kv_cache, keys and values go to the step's slots and the cache's mask applies."""
         B, T, C = x.size()

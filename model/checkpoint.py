@@ -6,8 +6,6 @@ runs no pickled code: model (a state_dict), model_config, train_config, optimize
 best_val, wandb_id, manifest, version.
 """
 
-from __future__ import annotations
-
 import os
 import pickle
 import shutil

@@ -5,8 +5,6 @@ Shapes through one forward pass (B batch, T time, C = n_embd, V = vocab_size):
     -> ln_f (B, T, C) -> lm_head (B, T, V)
 `python -m model --config small` prints this walk for a real config."""
 
-from __future__ import annotations
-
 import math
 from typing import TYPE_CHECKING
 
@@ -24,7 +22,7 @@ if TYPE_CHECKING:  # annotations only
 
 
 class MLP(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: "GPTConfig"):
         super().__init__()
         hidden = config.mlp_ratio * config.n_embd
         self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
@@ -42,7 +40,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig, layer_idx: int = 0):
+    def __init__(self, config: "GPTConfig", layer_idx: int = 0):
         super().__init__()
         self.ln_1 = make_norm(config, config.n_embd)
         self.attn = CausalSelfAttention(config, layer_idx)
@@ -55,7 +53,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: "GPTConfig"):
         super().__init__()
         self.config = config
         self.transformer = nn.ModuleDict(dict(
@@ -100,7 +98,7 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
                 padding_mask: torch.Tensor | None = None,
-                kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                kv_cache: "KVCache | None" = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits (B, T, V), loss or None); targets of -1 are left out of the loss.
         padding_mask (B, T), True at real tokens, gives a left-padded row the logits of the row unpadded."""
         x = self.trunk(idx, padding_mask, kv_cache)
@@ -110,7 +108,7 @@ class GPT(nn.Module):
         return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)  # (B*T, V)
 
     def trunk(self, idx: torch.Tensor, padding_mask: torch.Tensor | None = None,
-              kv_cache: KVCache | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
+              kv_cache: "KVCache | None" = None, slots: torch.Tensor | None = None) -> torch.Tensor:
         """Everything before the final norm: (B, T) ids -> residual stream (B, T, C). With kv_cache the
         tokens go to its next slots, or to the slots (T,) that a compiled step claimed."""
         B, T = idx.size()

@@ -3,8 +3,6 @@
     python -m model.hf export out/tiny exported/tiny     # then AutoModelForCausalLM / AutoTokenizer
 """
 
-from __future__ import annotations
-
 from configs.errors import start_script
 
 start_script(__name__)  # first: Ctrl-C during the imports below (torch: seconds) is one line

@@ -3,8 +3,6 @@
 The fast path's cache never changes shape and its slots are tensors, so `torch.compile` traces one
 decode step for every position; host bookkeeping (`pos`, `claim`, `slide`) stays outside that graph."""
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from functools import cache
@@ -126,7 +124,7 @@ def cached_decode(model: torch.nn.Module, idx: torch.Tensor, padding_mask: torch
         checked, lens = checked or K > 1, [m + K for m in lens]
 
 
-def decode_steps(model: torch.nn.Module, idx: torch.Tensor, slots: torch.Tensor, cache: KVCache,
+def decode_steps(model: torch.nn.Module, idx: torch.Tensor, slots: torch.Tensor, cache: "KVCache",
                  noise: torch.Tensor | None, sampling: tuple, vocab_size: int | None) -> torch.Tensor:
     """One step per slot in slots (K,) from idx (B, 1), step i drawing with noise[i] -> (K, B). Compiled, the
     loop unrolls: K tokens for one call's overhead."""
@@ -156,7 +154,7 @@ class KVCache:
     """Keys and values of every layer in max_len slots, all rows writing the same slot at each step.
     Attention reads every slot; `mask` (B, max_len) is True where a slot holds a real token of that row."""
 
-    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype):
+    def __init__(self, config: "GPTConfig", batch_size: int, max_len: int, device, dtype):
         self.config = config
         # One tensor per layer: a compiled step writes in place, where a stacked one was copied whole.
         shape = (batch_size, config.n_head, max_len, config.head_size)

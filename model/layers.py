@@ -1,7 +1,5 @@
 """Small building blocks shared by attention and the GPT: norms and rotary embeddings."""
 
-from __future__ import annotations
-
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,7 +16,7 @@ class RMSNorm(nn.RMSNorm):
         super().__init__(dim, eps=eps)
 
 
-def make_norm(config: GPTConfig, dim: int) -> nn.Module:
+def make_norm(config: "GPTConfig", dim: int) -> nn.Module:
     rms = config.norm == "rmsnorm"
     return RMSNorm(dim, config.norm_eps) if rms else nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
 

@@ -1,7 +1,5 @@
 """Forward hooks that look inside a model: the shape walk, hidden states, attention weights."""
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from typing import Any

@@ -14,8 +14,6 @@ in a copy of the tracked files (WORK, kept for `mutmut browse` / `mutmut show NA
 the checkout is never touched. docs/mutation.md has the last score and why each survivor is left.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os

@@ -1,7 +1,5 @@
 """Tests for data/: token files, prepare (every file format, dataset dirs, the hub), loaders, errors."""
 
-from __future__ import annotations
-
 import json
 import logging
 import re

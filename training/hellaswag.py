@@ -5,8 +5,6 @@ ending encoded as " " + ending. `acc` picks the ending with the highest summed l
 each sum by the ending's token count first (lm-evaluation-harness divides by characters instead).
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Any
 

@@ -1,7 +1,5 @@
 """Optimizers (AdamW; Muon for the blocks' matrices under --optimizer muon) and the lr schedule."""
 
-from __future__ import annotations
-
 import math
 from typing import Any
 

@@ -1,7 +1,5 @@
 """A run's peak memory before it starts, for the fit check and --batch-size auto (docs/planning.md)."""
 
-from __future__ import annotations
-
 import bisect
 import math
 import os
@@ -80,7 +78,7 @@ class Estimate:
     muon_group: int  # the largest set of same-shape Muon weights: orthogonalized as one batch
 
     @classmethod
-    def of(cls, model: GPT, cfg: TrainConfig, low_precision: bool, nproc: int = 1) -> Estimate:
+    def of(cls, model: GPT, cfg: TrainConfig, low_precision: bool, nproc: int = 1) -> "Estimate":
         """The estimate for model (a meta one will do) trained as cfg says, with cfg's optimizers."""
         opt = configure_optimizer(model, cfg, fused=False)  # no state is allocated before the first step
         muon = [p for o in opt.optimizers if isinstance(o, Muon) for g in o.param_groups for p in g["params"]]

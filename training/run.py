@@ -1,7 +1,5 @@
 """A training run's pieces, built in train.py's order: data, model, optimizer and the Run."""
 
-from __future__ import annotations
-
 import contextlib
 import math
 import os
@@ -137,7 +135,7 @@ def evaluate(model: torch.nn.Module, ds_dir: Path, cfg: TrainConfig, rt: Runtime
     return out
 
 
-def hellaswag_scores(run: Run) -> dict[str, float]:
+def hellaswag_scores(run: "Run") -> dict[str, float]:
     """HellaSwag's accuracies at every eval, or at the steps --hellaswag-interval names; else nothing."""
     if not run.data.hellaswag or (run.cfg.hellaswag_interval and run.step % run.cfg.hellaswag_interval):
         return {}
@@ -146,7 +144,7 @@ def hellaswag_scores(run: Run) -> dict[str, float]:
 
 
 @torch.no_grad()
-def sample_text(run: Run) -> str:
+def sample_text(run: "Run") -> str:
     """One sample of cfg.sample_tokens, with its own generator so that exact resume does not depend on sampling."""
     tok, rt = tokenizer_from_manifest(run.data.manifest), run.rt
     idx = torch.tensor([[tok.start_id]], dtype=torch.long, device=rt.device)

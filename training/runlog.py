@@ -1,7 +1,5 @@
 """The run's record: metrics.jsonl and loss.png in the run directory, and wandb when asked."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os

@@ -2,8 +2,6 @@
 
 choose() decides from a Machine alone, by TABLE, so tests can fake any machine. Weights stay float32."""
 
-from __future__ import annotations
-
 import contextlib
 import datetime
 import importlib.util
@@ -121,7 +119,7 @@ class Runtime(contextlib.AbstractContextManager):
     peak_flops: float | None = None  # per device
     attention: str = ""  # the kernel torch picks for the training step's attention, when known
     deterministic: bool = False  # --deterministic: kernels that give the same bits every run
-    threads: CpuThreads | None = None  # a CPU run's
+    threads: "CpuThreads | None" = None  # a CPU run's
 
     device = property(lambda self: self.choices.device)
     device_type = property(lambda self: self.choices.device_type)  # "cuda", "mps", "cpu": for torch.autocast
