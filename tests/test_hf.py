@@ -19,9 +19,9 @@ import train
 from configs import load_config
 from configs.errors import UserError
 from conftest import hf_tiny
-from data import read_tokens
 from data.files import write_json
 from data.prepare import prepare
+from data.tokenfile import read_tokens
 from model import GPT, GPTConfig
 from model.checkpoint import save_checkpoint
 from model.hf import export_run, load_hf_gpt2, main, resolve_init_from, save_hf_gpt2

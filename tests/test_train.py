@@ -19,7 +19,7 @@ import torch
 import train
 from configs import load_config
 from configs.errors import UserError
-from data import tokenizer_from_manifest
+from data.tokenizer import tokenizer_from_manifest
 from model import GPT, GPTConfig, generate
 from model.checkpoint import load_checkpoint, load_model
 from training.run import TrainingDiverged
