@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .layers import RMSNorm, apply_rotary
+from .layers import apply_rotary
 
 if TYPE_CHECKING:  # annotations only
     from configs.model import GPTConfig
@@ -35,8 +35,8 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.q_norm = RMSNorm(self.head_size, config.norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(self.head_size, config.norm_eps) if config.qk_norm else None
+        self.q_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps) if config.qk_norm else None
         # True above the diagonal, the future. It follows from block_size, so it is not saved with the weights.
         future = torch.ones(config.block_size, config.block_size, dtype=torch.bool).triu_(1)
         self.register_buffer("causal_mask", future, persistent=False)

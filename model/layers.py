@@ -9,16 +9,10 @@ if TYPE_CHECKING:  # annotations only
     from configs.model import GPTConfig
 
 
-class RMSNorm(nn.RMSNorm):
-    """x / rms(x) * weight: LayerNorm without the mean and the bias (cheaper, as good), and with its eps."""
-
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__(dim, eps=eps)
-
-
 def make_norm(config: "GPTConfig", dim: int) -> nn.Module:
+    """LayerNorm, or RMSNorm: x / rms(x) * weight, LayerNorm without the mean and the bias (cheaper, as good)."""
     rms = config.norm == "rmsnorm"
-    return RMSNorm(dim, config.norm_eps) if rms else nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
+    return nn.RMSNorm(dim, eps=config.norm_eps) if rms else nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
 
 
 class Rotary(nn.Module):

@@ -303,10 +303,10 @@ def test_rotary_turns_each_pair_by_position_times_its_frequency():
 
 
 def test_rmsnorm_is_x_over_its_root_mean_square_times_weight():
-    from model.layers import RMSNorm
+    from model.layers import make_norm
 
     x = 1e-3 * torch.randn(3, 8, generator=torch.Generator().manual_seed(0))  # small: eps 1e-5 matters
-    norm = RMSNorm(8)
+    norm = make_norm(GPTConfig(norm="rmsnorm", norm_eps=1e-5), 8)
     with torch.no_grad():
         norm.weight.copy_(torch.arange(1.0, 9.0))
     expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * torch.arange(1.0, 9.0)
@@ -382,7 +382,7 @@ def test_attention_dropout_acts_while_training_only(impl):
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
 def test_the_switches_build_what_they_name(norm):
     """--no-bias leaves no bias anywhere; the norm is the one named, with the config's eps."""
-    from model.layers import RMSNorm
+    from torch.nn import RMSNorm
 
     model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16, bias=False, norm=norm,
                           norm_eps=1e-3, qk_norm=True))
@@ -391,7 +391,7 @@ def test_the_switches_build_what_they_name(norm):
     assert len(norms) == 3 and all(type(m) is (RMSNorm if norm == "rmsnorm" else torch.nn.LayerNorm) for m in norms)
     attn = model.transformer.h[0].attn
     assert isinstance(attn.q_norm, RMSNorm) and isinstance(attn.k_norm, RMSNorm)  # qk_norm: per head, always RMS
-    assert all(m.eps == 1e-3 for m in norms)
+    assert all(m.eps == 1e-3 for m in [*norms, attn.q_norm, attn.k_norm])
 
 
 def test_a_query_with_no_key_to_see_gets_0_on_both_paths():
