@@ -42,7 +42,7 @@ MESSAGE_LINES = [r"help=", r"^\s*raise \w+\(", r"^\s*f?\"[^\"]*\"\s*\)*,?$", r"\
 LEFT_OUT = ["test_sample.py::test_compiled_decode_step_equals_eager_past_block_size",
             "test_train.py::test_same_result_whatever_the_split_between_processes_and_accumulation",
             "test_failures.py::test_ddp_a_stopped_process_ends_the_job_with_one_line",
-            "test_failures.py::test_ddp_a_killed_process_ends_the_job_at_once_with_one_line",
+            "test_failures.py::test_ddp_a_killed_process_ends_the_job_with_one_line_not_an_abort",
             "test_failures.py::test_ddp_a_stop_signal_to_one_process_stops_both_at_the_same_step",
             "test_sample.py::test_cli_end_to_end_subprocess",
             # every documented command and benchmark, shrunk: whole runs of code the tests above cover

@@ -158,15 +158,16 @@ def test_ddp_a_stopped_process_ends_the_job_with_one_line(two_processes):
     assert "another process died (see its output), hung or was stopped, or took longer than --ddp-timeout" in line
 
 
-def test_ddp_a_killed_process_ends_the_job_at_once_with_one_line(two_processes):
+def test_ddp_a_killed_process_ends_the_job_with_one_line_not_an_abort(two_processes):
     ranks, output = two_processes
-    ranks[1].kill()  # its connections close: rank 0 knows at once, without waiting out --ddp-timeout
+    ranks[1].kill()  # its connections close: rank 0 usually knows at once, without waiting out --ddp-timeout
     assert ranks[0].wait(timeout=120) == 2
     out = output(0)
     assert "Traceback" not in out and "terminate called" not in out
     line = out.splitlines()[-1]
     assert line.startswith("error: process 0 of 2: ") and "another process died" in line
-    assert "Timed out" not in line and len(line) < 400, line  # the lost connection, torch's first sentence of it
+    # torch's first sentence of the lost connection; under load gloo may instead wait out the timeout (docs/gpu.md)
+    assert len(line) < 400, line
 
 
 def test_ddp_a_stop_signal_to_one_process_stops_both_at_the_same_step(two_processes, tmp_path):
