@@ -166,7 +166,7 @@ def test_ddp_a_killed_process_ends_the_job_with_one_line_not_an_abort(two_proces
     assert "Traceback" not in out and "terminate called" not in out
     line = out.splitlines()[-1]
     assert line.startswith("error: process 0 of 2: ") and "another process died" in line
-    # torch's first sentence of the lost connection; under load gloo may instead wait out the timeout (docs/gpu.md)
+    # One short line: torch's first sentence of the lost connection, or, as once under load, gloo's timeout (docs/gpu.md).
     assert len(line) < 400, line
 
 

@@ -223,7 +223,8 @@ def test_cli_sets_cpu_threads(tmp_path, capsys, monkeypatch):
     run = make_run(tmp_path)
     argv = ["--ckpt", str(run), "--prompt", "A", "--max-new-tokens", "2", "--device", "cpu"]
     torch.set_num_threads(2)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # 3 threads must fit the cores it may use
+    # 3 threads must fit the cores it may use
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     assert sample.main(argv) == 0 and torch.get_num_threads() == 1  # n_embd 16: one thread
     assert sample.main([*argv, "--threads", "3"]) == 0 and torch.get_num_threads() == 3
 
@@ -279,7 +280,7 @@ def test_config_with_only_best_pt_samples_it(tmp_path, monkeypatch, capsys):
 
 
 def test_more_threads_than_the_machine_has_cores_is_refused(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # a 2-core machine, whatever this one has
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # 2 cores, whatever this has
     argv = ["--ckpt", str(make_run(tmp_path)), "--prompt", "A", "--max-new-tokens", "2", "--device", "cpu"]
     for threads in ("3", "1073741824"):  # the latter was a torch allocation traceback
         assert sample.main([*argv, "--threads", threads]) == 2
