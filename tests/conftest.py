@@ -1,10 +1,13 @@
 """Shared test set-up."""
 
+import os
 import signal
 from pathlib import Path
 
 import pytest
 import torch
+
+from training.runtime import usable_cpus
 
 
 def pytest_configure(config):
@@ -14,6 +17,17 @@ def pytest_configure(config):
     for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGHUP, signal.SIG_DFL)):
         if signal.getsignal(sig) is signal.SIG_IGN:
             signal.signal(sig, default)
+
+
+def pytest_xdist_auto_num_workers(config) -> int | None:
+    """pytest.ini's `-n auto`: a process per two usable cores, as many tests start scripts or DDP ranks of their
+    own; under 4 cores one test at a time, as CI's 2 cores have always run it, so no test there meets another's
+    load. On a 16-core GPU machine, where starting Python with torch took 4.7 s, 8 processes took the suite from
+    6 minutes to 2 (docs/gpu.md). PYTEST_XDIST_AUTO_NUM_WORKERS, or `-n N` on the command line, still wins."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    workers = len(usable_cpus()) // 2
+    return workers if workers >= 2 else 0
 
 
 @pytest.fixture(autouse=True, scope="session")

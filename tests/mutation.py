@@ -58,7 +58,9 @@ do_not_mutate_patterns=
 {patterns}
 # torch is not fork-safe once it has run: fork each mutant's worker from a process that only imported
 process_isolation=forkserver
+# one test at a time whatever the cores: mutmut reads which tests ran which code from its own process
 pytest_add_cli_args=
+    -n0
 {deselected}
 """
 

@@ -27,6 +27,7 @@ import train
 from configs import available_configs, parse_config
 from configs.cli import ArgumentParser
 from configs.errors import UserError
+import conftest
 from conftest import hf_tiny
 from data.prepare import main as prepare_main
 from data.prepare import prepare
@@ -138,6 +139,15 @@ def test_every_documented_command_runs_here():
     shown -= {c for c in shown if c.startswith("python -m pytest") and c in ci}
     assert sorted(shown - RUNS.keys()) == [], "documented commands without a run in RUNS"
     assert sorted(RUNS.keys() - shown) == [], "RUNS entries no document shows any more"
+
+
+@pytest.mark.parametrize("cores, processes", [(1, 0), (3, 0), (4, 2), (16, 8), (17, 8)])
+def test_readmes_test_command_runs_a_process_per_two_cores_from_4(cores, processes, monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert conftest.pytest_xdist_auto_num_workers(None) == processes  # 0: one test at a time, in this process
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
+    assert conftest.pytest_xdist_auto_num_workers(None) is None  # pytest-xdist's own hook takes the user's number
 
 
 @pytest.fixture(scope="module")
