@@ -27,8 +27,7 @@ import train
 from configs import available_configs, parse_config
 from configs.cli import ArgumentParser
 from configs.errors import UserError
-import conftest
-from conftest import hf_tiny
+from conftest import hf_tiny, pytest_xdist_auto_num_workers
 from data.prepare import main as prepare_main
 from data.prepare import prepare
 from model.__main__ import main as model_main
@@ -145,9 +144,9 @@ def test_every_documented_command_runs_here():
 def test_readmes_test_command_runs_a_process_per_two_cores_from_4(cores, processes, monkeypatch):
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
-    assert conftest.pytest_xdist_auto_num_workers(None) == processes  # 0: one test at a time, in this process
+    assert pytest_xdist_auto_num_workers(None) == processes  # 0: one test at a time, in this process
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
-    assert conftest.pytest_xdist_auto_num_workers(None) is None  # pytest-xdist's own hook takes the user's number
+    assert pytest_xdist_auto_num_workers(None) is None  # pytest-xdist's own hook takes the user's number
 
 
 @pytest.fixture(scope="module")
