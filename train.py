@@ -1,282 +1,457 @@
 """Train a GPT, from one CPU to many GPUs.
 
-    python train.py --config small                  # char-level Shakespeare: minutes on a 2-core CPU
-    python train.py --config small --resume         # continue out/small exactly where it stopped
-    python train.py --config small --max-time 60    # wall-clock budget (s), final eval and save included
-    python train.py --config runs/mine.toml         # TOML of field values, optionally base = "small"
-    python train.py --config out/small --out-dir out/again   # a finished run's settings
-    python train.py --config finetune_gpt2 --init-from gpt2-medium   # a hub id, a HF GPT-2 dir or a run dir
-    python train.py --config finetune_gpt2 --eval-only   # loss and perplexity, no training
-    python train.py --config gpt2 --batch-size auto # the largest micro-batch that fits, same tokens/step
+    python train.py --config small                # char-level Shakespeare: minutes on a 2-core CPU
+    python train.py --config small --resume       # continue out/small exactly where it stopped
+    python train.py --config small --max-time 60  # a time limit, the final eval and save included
+    python train.py --config runs/mine.toml       # settings from a file (base = "small" in it)
+    python train.py --config out/small/config.json --out-dir out/again   # a run's settings again
+    python train.py --config finetune_gpt2 --init-from gpt2-medium      # GPT-2's weights, or a run
+    python train.py --config small --eval-only    # out/small's best.pt: its loss, without training
     torchrun --standalone --nproc_per_node=8 train.py --config gpt2
-    python train.py --config small --help           # every option, with small's values as defaults
+    python train.py --help                        # every setting, with small's values
 
-A run writes out/<config>/: ckpt.pt (the latest), best.pt (the lowest val loss), config.json,
-manifest.json, metrics.jsonl and loss.png. Ctrl-C, SIGTERM, SIGHUP, a scheduler's warning (SIGUSR1/2) or a
-reader of the output leaving (`| head`) saves and exits 128 + the signal's number (Ctrl-C twice: at once,
-unsaved); a nan/inf loss stops without saving and exits 2, as bad options do.
+A run writes out/<name>/: ckpt.pt (the latest), best.pt (the lowest val loss), config.json,
+metrics.jsonl and loss.png. Ctrl-C, SIGTERM or SIGUSR1 stops it after the step in progress, saves
+it and exits 128 + the signal's number (a second Ctrl-C quits at once); a loss that becomes nan or
+inf stops it without saving, and exits 2, as a mistake in the settings does.
 """
 
-from configs.errors import start_script
-
-start_script(__name__)  # first: Ctrl-C during the imports below (torch: seconds) is one line
-
 import contextlib
+import fcntl
+import json
 import math
-import shlex
-import sys
+import os
+import signal
 import time
-from collections.abc import Iterator
-from typing import Any
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 from tqdm import tqdm
 
-from configs import TrainConfig, parse_config
-from configs.cli import ArgumentParser
-from configs.errors import UserError, entry_point
-from data.loader import GlobalBatchLoader
-from model.checkpoint import BEST_NAME, CKPT_NAME, keep_best
-from training.budget import StopSignal, TimeBudget, exit_code
-from training.optim import lr_multiplier, set_lr
-from training.plan import out_of_memory
-from training.run import (Run, TrainingDiverged, build_model, build_optimizer, eval_only, evaluate, final_estimate,
-                          hellaswag_scores, lock_run_dir, open_data, resumed_checkpoint, sample_text, save)
-from training.runtime import Runtime, setup
+from configs import TrainConfig, UserError, parse_args, run, settings
+from data.loader import Batches, eval_batches, read_tokens
+from data.prepare import dataset_dir
+from data.tokenizer import tokenizer
+from model.checkpoint import keep_best, load_checkpoint, load_weights, model_from, save_checkpoint
+from model.gpt import GPT, GPTConfig, generate
+from training.optim import lr_factor, make_optimizers
+from training.runtime import check_fits, setup
+
+RUN_FILES = {"ckpt.pt", "best.pt", "config.json", "metrics.jsonl", "loss.png", "wandb"}
 
 
-def forward_backward(train_model: torch.nn.Module, loader: GlobalBatchLoader, rt: Runtime) -> torch.Tensor:
-    """Accumulate gradients over this rank's micro-batches of the next step and return their mean loss.
-    Under DDP only the last micro-step all-reduces the gradients (no_sync on the others)."""
-    loss_sum = torch.zeros((), device=rt.device)
-    batches = loader.next_step()
-    grad_accum = len(batches)
-    for micro, (x, y) in enumerate(batches):
-        with train_model.no_sync() if rt.ddp and micro < grad_accum - 1 else contextlib.nullcontext():
+@dataclass
+class TrainState:
+    """Where a run is, besides its weights and optimizer: what a checkpoint restores to go on."""
+
+    step: int = 0
+    best_val: float = math.inf
+    evaluated: int = -1  # the last step whose eval finished: --resume does not evaluate it again
+    wandb_id: str = ""
+
+
+@torch.no_grad()
+def evaluate(model, data_dir, cfg: TrainConfig, rt) -> dict[str, float]:
+    """The mean loss per token on the first eval_iters batches of val and of train (0: all of val,
+    and as many of train). Each process takes its share of the batches."""
+    model.eval()
+    batch_size = cfg.eval_batch_size or cfg.batch_size
+    windows = len(read_tokens(data_dir / "val.bin")) // cfg.block_size
+    limit = cfg.eval_iters or math.ceil(windows / batch_size)
+    losses = {}
+    for split in "val", "train":
+        total = torch.zeros(2, device=rt.device)  # the loss summed over the tokens, and the tokens
+        path = data_dir / f"{split}.bin"
+        for x, y in eval_batches(
+            path, cfg.block_size, batch_size, rt.device, limit, rt.rank, rt.world_size
+        ):
             with rt.autocast():
-                _, loss = train_model(x, y)
-            loss = loss / grad_accum
-            rt.scaler.scale(loss).backward()
-        loss_sum += loss.detach().float()
-    return loss_sum
+                _, loss = model(x, y)
+            total += torch.stack([loss * y.numel(), loss.new_tensor(y.numel())])
+        if rt.world_size > 1:
+            torch.distributed.all_reduce(total)
+        losses[f"{split}_loss"] = (total[0] / total[1]).item()
+    model.train()
+    return losses
 
 
-def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rt: Runtime,
-                   grad_clip: float) -> torch.Tensor | None:
-    """Clip (on unscaled gradients), step, zero; returns the pre-clip gradient norm if clipping."""
-    grad_norm = None
-    if grad_clip:
-        rt.scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    rt.scaler.step(optimizer)  # skips the step if fp16 gradients overflowed
-    rt.scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return grad_norm
+def train(cfg: TrainConfig) -> dict:
+    """Run the training cfg describes; return its step, final losses, and the signal that stopped
+    it (0: none)."""
+    started = time.time()
+    # device, dtype, compile, CPU threads, the seed and DDP: the first line names them
+    rt = setup(cfg)
+    master, ddp = rt.rank == 0, rt.world_size > 1
+    if rt.device == "cpu":  # saved with the run, so that --resume sums in the same order
+        cfg = replace(cfg, threads=torch.get_num_threads())
+    if master:  # e.g. "cpu, 2 threads, bfloat16, compile off"
+        parts = [rt.device]
+        if rt.device.startswith("cuda"):
+            parts.append(torch.cuda.get_device_name())
+        if rt.device == "cpu":
+            parts.append(f"{cfg.threads} thread" + "s" * (cfg.threads > 1))
+        if ddp:
+            parts.append(f"{rt.world_size} processes")
+        print(", ".join([*parts, str(rt.dtype)[6:], f"compile {'on' if rt.compile else 'off'}"]))
+    with contextlib.ExitStack() as stack:
+        if ddp:
+            stack.callback(torch.distributed.destroy_process_group)
 
+        # the run folder: locked while this run writes it; a new run takes no folder that another
+        # run, or its user, filled
+        run_dir = cfg.run_dir
+        if master and not cfg.eval_only:
+            others = os.listdir(run_dir) if run_dir.is_dir() else []
+            others = sorted(n for n in others if n[0] != "." and n not in RUN_FILES)
+            if not cfg.resume and others:
+                raise UserError(
+                    f"{run_dir} holds files no run wrote ({', '.join(others[:3])}); "
+                    "pick another --out-dir"
+                )
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = stack.enter_context(open(run_dir / ".lock", "w"))
+            try:  # the lock dies with its process: a killed run leaves none behind
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise UserError(
+                    f"{run_dir} is in use by another run; wait for it, or pick another --out-dir"
+                ) from None
+            if not cfg.resume and (run_dir / "ckpt.pt").exists():
+                raise UserError(
+                    f"{run_dir} holds a trained run; continue it with --resume, or start "
+                    "another with --out-dir"
+                )
 
-def checkpoint(run: Run, stop: StopSignal, budget: TimeBudget | None = None, save_first: bool = False) -> None:
-    """The one checkpoint step, run every eval_interval and at the end: evaluate, save ckpt.pt, and keep it as
-    best.pt when val improved. After a stop signal the save comes first, so that a short grace period still keeps
-    the work. A stop signal can cut the eval short (it is then neither recorded nor started again), never a save.
-    Only rank 0 evaluates and saves; a non-finite val loss stops every rank before anything is saved."""
-    t0, rt = time.time(), run.rt
-    if save_first and rt.is_master:
-        with stop.holding():
-            save(run)
-    if run.last_eval.get("step") == run.step:
-        return
-    run.last_eval = {"step": run.step}  # The losses join it below, unless a stop signal cuts the eval short.
-    losses = stop.cut_short(lambda: evaluate(run.model, run.data.dir, run.cfg, rt) | hellaswag_scores(run)) \
-        if rt.is_master else {}  # None if a stop signal cut the eval short, and {} on the other ranks.
-    val = torch.tensor((losses or {}).get("val_loss", 0.0), device=rt.device)
-    if rt.ddp:
-        torch.distributed.broadcast(val, src=0)  # also the barrier: the others wait for rank 0
-    if not math.isfinite(val.item()):
-        raise TrainingDiverged(run, f"val loss became {val.item()} at step {run.step}")
-    if losses is None:
-        return
-    if rt.is_master:
-        with stop.holding():
-            record(run, losses)
-    if budget is not None:  # The final checkpoint also draws loss.png, so its cost is timed with it.
-        budget.record_final(time.time() - t0 + (run.log.plot_cost if run.log else 0.0))
+        # data: the token files (rank 0 prepares a preset on first use) and their tokenizer
+        if ddp and not master:
+            torch.distributed.barrier()
+        data_dir = dataset_dir(cfg.dataset, cfg.data_root, quiet=not master)
+        if ddp and master:
+            torch.distributed.barrier()
+        manifest = json.loads((data_dir / "manifest.json").read_text())
+        tok = tokenizer(manifest)
 
-
-def record(run: Run, losses: dict[str, float]) -> None:
-    """Rank 0 after an eval: save (kept as best.pt if val improved), then log, plot and print the losses."""
-    improved = losses["val_loss"] < run.best_val
-    run.best_val, run.last_eval = min(run.best_val, losses["val_loss"]), {"step": run.step, **losses}
-    if run.step > 0 and run.saved_at != run.step:
-        save(run)
-    if improved and run.saved_at == run.step:
-        keep_best(run.run_dir)
-    run.log.log({"step": run.step, **losses, "time": round(time.time() - run.log.started, 3)})
-    if run.cfg.sample_tokens and run.log.wandb is not None:
-        run.log.log_sample(run.step, sample_text(run))
-    run.log.plot(force=False)
-    hellaswag = f", hellaswag acc_norm {losses['hellaswag_acc_norm']:.4f}" if "hellaswag_acc" in losses else ""
-    tqdm.write(f"step {run.step}: train {losses['train_loss']:.4f}, val {losses['val_loss']:.4f}{hellaswag}"
-               f"{' (best)' if improved else ''}{', saved' if run.saved_at == run.step else ''}")
-
-
-def schedule_progress(step: int, cfg: TrainConfig, budget: TimeBudget | None) -> float:
-    """The share of the lr schedule done, by steps or, under --max-time, by the clock if that is further along."""
-    progress = (step - cfg.warmup_iters) / max(1, (cfg.lr_decay_iters or cfg.max_iters) - cfg.warmup_iters)
-    return max(progress, budget.progress()) if budget is not None else progress
-
-
-def agree(rt: Runtime, loss: torch.Tensor, *flags: bool) -> tuple[float, ...]:
-    """One small all-reduce per step, for the global mean loss and for each flag that any rank raised."""
-    values = torch.stack([loss.float(), *(torch.tensor(float(f), device=rt.device) for f in flags)])
-    if rt.ddp:
-        torch.distributed.all_reduce(values)
-        values[0] /= rt.world_size
-    loss_val, *raised = values.tolist()
-    return loss_val, *(r > 0 for r in raised)
-
-
-def log_progress(run: Run, window: list[tuple[float, float]], lr: float, grad_norm: torch.Tensor | None,
-                 bar: Any) -> None:
-    """Log one metrics line, and show it on the progress bar, for the (loss, seconds) of each step in window."""
-    tok_s = run.tokens_per_step * len(window) / sum(dt for _, dt in window)
-    peak = run.rt.peak_flops * run.rt.world_size if run.rt.peak_flops else None
-    mfu = run.model.flops_per_token(run.cfg.block_size) * tok_s / peak if peak else None
-    loss = sum(v for v, _ in window) / len(window)
-    run.log.log({"step": run.step, "loss": loss, "lr": lr, "tokens_per_s": round(tok_s, 1), "mfu": mfu,
-                 "grad_norm": grad_norm.item() if grad_norm is not None else None, "threads": torch.get_num_threads(),
-                 "time": round(time.time() - run.log.started, 3)})
-    bar.set_postfix_str(f"loss {loss:.4f} lr {lr:.2e} {tok_s:,.0f} tok/s"
-                        + (f" mfu {100 * mfu:.1f}%" if mfu is not None else ""), refresh=False)
-
-
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run the training job that cfg describes; return its final losses, its paths and why it stopped."""
-    t_start = time.time()
-    with setup(cfg) as rt:  # device, dtype, seeds, DDP; the process group ends with the block
-        if rt.is_master:
-            print(rt.describe())  # The device, precision, kernels and compile mode, in one line.
-        if cfg.eval_only:
-            return eval_only(cfg, rt)
-        # Only rank 0 writes the run directory, and its lock keeps a second run out.
-        with torch_errors(cfg, rt), lock_run_dir(cfg.run_dir, fresh=not cfg.resume) if rt.is_master \
-                else contextlib.nullcontext(), StopSignal(escalate=not rt.ddp) as stop, rt.peer_failures(), \
-                open_data(cfg, rt) as data:
-            with rt.together():  # A mistake that every process finds (a bad --tokens-per-step) is printed once.
-                ckpt = resumed_checkpoint(cfg, rt, data)
-                model, cfg = build_model(cfg, rt, data.manifest, ckpt)
-                optimizer = build_optimizer(model, cfg, rt, ckpt)
-                run = Run(cfg, rt, model, optimizer, data, ckpt, t_start)  # On --resume, where ckpt stopped.
-            with run:
-                try:
-                    loop(run, stop)
-                except KeyboardInterrupt:  # A second Ctrl-C.
-                    run.stopped = "quit"
-                stop.hold = True  # From here a second Ctrl-C only marks a quit, so the plot and summary still run.
-            if stop.quit:
-                run.stopped = "quit"
-            return finish(run, stop)
-
-
-@contextlib.contextmanager
-def torch_errors(cfg: TrainConfig, rt: Runtime) -> Iterator[None]:
-    """Turn running out of memory, and an op with no deterministic kernel under --deterministic, into one line."""
-    try:
-        yield
-    except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError.
-        # A missing deterministic kernel is a plain RuntimeError that only its text tells apart (the op is not named).
-        if rt.deterministic and "does not have a deterministic implementation" in str(e):
-            raise UserError(f"--deterministic: an op this run needs has no deterministic kernel on {rt.device}; drop "
-                            "--deterministic (runs then repeat only approximately)") from None
-        if (oom := out_of_memory(e, rt.device, cfg.run_dir / CKPT_NAME)) is None:
-            raise
-        raise oom from None
-
-
-def loop(run: Run, stop: StopSignal) -> None:
-    """Train until max_iters, the time limit or a stop signal (run.stopped says which), then checkpoint."""
-    cfg, rt = run.cfg, run.rt
-    budget = TimeBudget(cfg.max_time, run.started, final_estimate(run)) if cfg.max_time else None
-    run.stopped, window = "max_iters", []
-    with tqdm(total=cfg.max_iters, initial=run.step, disable=not rt.is_master, dynamic_ncols=True, unit="step") as bar:
-        if run.step == 0 and budget is None:
-            checkpoint(run, stop)  # The untrained model's loss, about ln(vocab_size), anchors the curve.
-        if budget is not None:
-            budget.begin()
-        while run.step < cfg.max_iters:
-            t0 = time.perf_counter()
-            if rt.threads:
-                rt.threads.update()  # As many CPU threads as other processes leave cores idle.
-            multiplier = lr_multiplier(run.step, schedule_progress(run.step, cfg, budget), cfg)
-            set_lr(run.optimizer, multiplier)
-            loss = forward_backward(run.train_model, run.loader, rt)
-            late = budget is not None and budget.out_of_time()
-            loss, signalled, late = agree(rt, loss, stop.name is not None, late)
-            if not math.isfinite(loss):
-                run.optimizer.zero_grad(set_to_none=True)
-                raise TrainingDiverged(run, f"loss became {loss} at step {run.step + 1}")
-            grad_norm = optimizer_step(run.model, run.optimizer, rt, cfg.grad_clip)
-            run.step += 1
-            window.append((loss, time.perf_counter() - t0))
-            if budget is not None:
-                budget.record(window[-1][1])
-            bar.update(1)
-            if rt.is_master and (run.step % cfg.log_interval == 0 or signalled or late or run.step == cfg.max_iters):
-                log_progress(run, window, cfg.lr * multiplier, grad_norm, bar)
-                window = []
-            if signalled or late:
-                run.stopped = (stop.name or "SIGTERM") if signalled else "max_time"
-                break
-            if run.step % cfg.eval_interval == 0 and run.step < cfg.max_iters:
-                checkpoint(run, stop, budget)
-                if agree(rt, torch.zeros((), device=rt.device), stop.name is not None)[1]:  # A signal during it.
-                    run.stopped = stop.name or "SIGTERM"
-                    break
-    if run.last_eval.get("step") != run.step or run.saved_at != run.step:
-        checkpoint(run, stop, budget, save_first=run.stopped.startswith("SIG"))
-
-
-def finish(run: Run, stop: StopSignal) -> dict[str, Any]:
-    """Print where the outputs are, and a sample; return the run's result."""
-    run_dir, stopped, losses = run.run_dir, run.stopped, run.losses
-    result = {"step": run.step, "stopped": stopped, "best_val": run.best_val, "elapsed": time.time() - run.started,
-              "out_dir": str(run_dir), "checkpoint": str(run_dir / CKPT_NAME), "best": str(run_dir / BEST_NAME),
-              "metrics": str(run_dir / "metrics.jsonl"), "plot": str(run_dir / "loss.png"), **losses,
-              "device": run.rt.device, "dtype": str(run.rt.dtype).removeprefix("torch.")}
-    if not run.rt.is_master:
-        return result
-    kept = f"kept {run_dir / CKPT_NAME} (step {run.saved_at})" if run.saved_at else "kept no checkpoint of this run"
-    if stopped == "quit":
-        print(f"quit at step {run.step}{'' if run.saved_at == run.step else ' without saving'}; {kept}",
-              file=sys.stderr)
-        return result
-    print(f"stopped at step {run.step} ({stopped}{'' if losses else ', during its eval'}) after "
-          f"{result['elapsed']:.1f}s")
-    if losses:
-        print(f"final: train loss {losses['train_loss']:.4f}, val loss {losses['val_loss']:.4f} "
-              f"(best val {run.best_val:.4f})")
-    best = f"best       {result['best']} (lowest val loss, what sample.py reads)\n" \
-        if (run_dir / BEST_NAME).is_file() else ""  # None if stopped before its first eval finished.
-    plot = f"\nloss curve {result['plot']}" if (run_dir / "loss.png").is_file() else ""  # If matplotlib drew it.
-    print(f"checkpoint {result['checkpoint']} (latest, for --resume)\n{best}metrics    {result['metrics']}{plot}")
-    if run.cfg.sample_tokens and not stop.name:  # A stop signal asks for an end now, not a sample first.
-        sample = stop.cut_short(lambda: sample_text(run))
-        if sample is None:
-            result["stopped"] = stop.name
-            print(f"{stop.name}: the sample was cut short; {kept}", file=sys.stderr)
+        # model: fresh, from --init-from's weights, or the checkpoint's on --resume, which took its
+        # settings from the run's config.json
+        checkpoint = load_checkpoint(run_dir / "ckpt.pt") if cfg.resume else None
+        if checkpoint is not None:
+            if checkpoint["manifest"] != manifest:
+                raise UserError(
+                    f"cannot resume {run_dir}: dataset {cfg.dataset} is not the data "
+                    "it trained on (prepared again, or another); use --init-from "
+                    f"{run_dir} to go on training from its weights"
+                )
+            model = model_from(checkpoint, cfg.dropout)
+        elif cfg.init_from or cfg.eval_only:
+            weights = cfg.init_from or str(run_dir)
+            model, trained_on = load_weights(weights, cfg.dropout)
+            vocabulary = ("tokenizer", "vocab_size", "chars")
+            if any(trained_on.get(k) != manifest.get(k) for k in vocabulary):
+                raise UserError(
+                    f"{weights} was trained with another tokenizer than dataset "
+                    f"{cfg.dataset}'s: its token ids would mean other text"
+                )
         else:
-            result["sample"] = sample
-            where = shlex.quote(f"./{run_dir}" if str(run_dir).startswith("-") else str(run_dir))  # Not a flag.
-            print(f"sample (python sample.py --out-dir {where} for more):\n{sample}")
-    return result
+            shape = {f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}
+            config = GPTConfig(**shape | {"vocab_size": cfg.vocab_size or tok.vocab_size})
+            check_fits(config, cfg, rt)  # before the model: its masks take block_size^2 bytes each
+            model = GPT(config)
+        if model.config.vocab_size < tok.vocab_size:
+            raise UserError(
+                f"the model's vocabulary ({model.config.vocab_size}) is smaller than "
+                f"its tokenizer's ({tok.vocab_size}); raise --vocab-size"
+            )
+        if cfg.block_size > model.config.block_size:
+            raise UserError(
+                f"--block-size {cfg.block_size} is longer than the model's context "
+                f"({model.config.block_size}); lower it"
+            )
+        # The weights bring their shape; the run keeps its block_size (at most theirs) and dropout.
+        shape = replace(model.config, block_size=cfg.block_size, dropout=cfg.dropout)
+        cfg = replace(cfg, **asdict(shape))
+        model.to(rt.device)
+        score_hellaswag, hellaswag_every = None, cfg.hellaswag_interval or cfg.eval_interval
+        if cfg.hellaswag:
+            from training import hellaswag
+
+            def score_hellaswag():  # the file is read afresh each time
+                items = hellaswag.load_items(cfg.hellaswag, tok)
+                batch_size = cfg.eval_batch_size or cfg.batch_size
+                return hellaswag.score(model, items, rt, batch_size, tok.vocab_size)
+
+        if cfg.eval_only:
+            losses = evaluate(model, data_dir, replace(cfg, eval_iters=0), rt)
+            losses |= score_hellaswag() if score_hellaswag else {}
+            if master:
+                print(f"{cfg.init_from or run_dir} on {cfg.dataset}, windows of {cfg.block_size}:")
+                for k, v in losses.items():
+                    perplexity = f"  perplexity {math.exp(v):.2f}" if k.endswith("loss") else ""
+                    print(f"  {k} {v:.4f}{perplexity}" if isinstance(v, float) else f"  {k} {v}")
+            return {"stop_signal": 0, **losses}
+
+        # optimizer: AdamW (and Muon), and the loss scaler that float16 needs
+        optimizers = make_optimizers(model, cfg, rt)
+        scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == torch.float16)
+
+        # resume: the optimizer's moments, the scaler and the step; metrics.jsonl forgets what came
+        # after the checkpoint
+        state = TrainState()
+        if checkpoint is not None:
+            try:
+                for optimizer, saved in zip(optimizers, checkpoint["optimizer"], strict=True):
+                    optimizer.load_state_dict(saved)
+            except (ValueError, KeyError) as e:
+                raise UserError(
+                    f"cannot resume {run_dir}: its optimizer state does not fit this "
+                    f"run ({e}); resume with the --optimizer it had, or use "
+                    f"--init-from {run_dir}"
+                ) from None
+            scaler.load_state_dict(checkpoint["scaler"])
+            state = TrainState(**checkpoint["state"])
+            if master and (metrics := run_dir / "metrics.jsonl").is_file():
+                lines = metrics.read_text().splitlines()
+                kept = [line for line in lines if json.loads(line)["step"] <= state.step]
+                metrics.write_text("".join(line + "\n" for line in kept))
+            del checkpoint
+
+        # the training step's model: compiled, and under DDP wrapped; checkpoints hold the model
+        train_model = torch.compile(model) if rt.compile else model
+        if ddp:
+            ids = [rt.local_rank] if rt.device.startswith("cuda") else None
+            train_model = torch.nn.parallel.DistributedDataParallel(train_model, device_ids=ids)
+
+            # Gone before the process group that it holds: a group kept alive into interpreter exit
+            # keeps gloo's threads, which can abort a finished job there.
+            def release() -> None:
+                nonlocal train_model
+                train_model = None
+
+            stack.callback(release)
+        micro_step = cfg.batch_size * cfg.block_size * rt.world_size  # tokens
+        if cfg.tokens_per_step % micro_step:
+            raise UserError(
+                f"--tokens-per-step {cfg.tokens_per_step} is not a multiple of "
+                f"batch_size x block_size x processes ({micro_step})"
+            )
+        grad_accum = max(1, cfg.tokens_per_step // micro_step)
+        batches = Batches(
+            data_dir / "train.bin",
+            cfg.block_size,
+            cfg.batch_size,
+            grad_accum,
+            rt.rank,
+            rt.world_size,
+            cfg.seed,
+            rt.device,
+        )
+
+        # the record: metrics.jsonl, wandb if asked, and the settings that repeat the run
+        wandb_run = None
+        if master:
+            if cfg.wandb:
+                from training.tracking import start_wandb
+
+                wandb_run = start_wandb(cfg, settings(cfg), state.wandb_id)
+                state.wandb_id = wandb_run.id
+            metrics = stack.enter_context(
+                open(run_dir / "metrics.jsonl", "a" if cfg.resume else "w")
+            )
+            if not cfg.resume:  # a resume's settings become the run's at its first save
+                (run_dir / "config.json").write_text(json.dumps(settings(cfg), indent=1))
+            resuming = f"; resuming at step {state.step}" if cfg.resume else ""
+            print(
+                f"{model.num_params() / 1e6:.2f}M parameters; {grad_accum * micro_step:,} tokens a "
+                f"step = {grad_accum} x {rt.world_size} processes x {cfg.batch_size} rows x "
+                f"{cfg.block_size}; {cfg.dataset}: {manifest['train_tokens']:,} train tokens"
+                + resuming
+            )
+
+        def log(record: dict) -> None:
+            print(json.dumps(record), file=metrics, flush=True)
+            if wandb_run is not None:
+                wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+        def diverged(what: str) -> UserError:
+            kept = f"{run_dir / 'ckpt.pt'} (step {saved})" if saved else "no checkpoint of this run"
+            return UserError(
+                f"{what} at step {state.step}; stopped without saving, keeping {kept}; "
+                "try a lower --lr, or --dtype float32"
+            )
+
+        def save() -> None:
+            nonlocal saved
+            if not all(p.isfinite().all() for p in model.parameters()):
+                raise diverged("the weights became nan or inf")
+            save_checkpoint(
+                {
+                    "model": model.state_dict(),
+                    "model_config": asdict(model.config),
+                    "config": settings(cfg),
+                    "optimizer": [o.state_dict() for o in optimizers],
+                    "scaler": scaler.state_dict(),
+                    "state": asdict(state),
+                    "manifest": manifest,
+                },
+                run_dir / "ckpt.pt",
+            )
+            # config.json says what this ckpt.pt continues with, for --resume
+            (run_dir / ".config.json.tmp").write_text(json.dumps(settings(cfg), indent=1))
+            os.replace(run_dir / ".config.json.tmp", run_dir / "config.json")
+            saved = state.step
+
+        # stop signals: the step in progress finishes and is saved; a second Ctrl-C quits at once
+        stop_signal = 0
+
+        def request_stop(signum, frame):
+            nonlocal stop_signal
+            stop_signal = signum
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        for sig in signal.SIGINT, signal.SIGTERM, signal.SIGUSR1:
+            # A job that a script started with `cmd &` ignores Ctrl-C, and keeps to it.
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                stack.callback(signal.signal, sig, signal.signal(sig, request_stop))
+
+        # the loop: a step's rows and dropout are drawn from (seed, step), so that a resumed run
+        # repeats them exactly
+        bar = stack.enter_context(tqdm(total=cfg.max_iters, initial=state.step, disable=not master))
+        deadline = started + cfg.max_time if cfg.max_time else math.inf
+        saved, stop, losses, eval_seconds = state.step if cfg.resume else 0, False, {}, 0.0
+        loss_sum, logged_step = torch.zeros((), device=rt.device), state.step
+        loop_started = logged_time = time.time()
+        while True:
+            last = state.step >= cfg.max_iters or stop
+            # evaluate and save every eval_interval steps and at the end; after a stop signal, save
+            due = state.step % cfg.eval_interval == 0 or last
+            if due and state.evaluated != state.step and not stop_signal:
+                t0 = time.time()
+                losses = evaluate(model, data_dir, cfg, rt)
+                if score_hellaswag and state.step % hellaswag_every == 0:
+                    losses |= score_hellaswag()
+                if not math.isfinite(losses["val_loss"]):
+                    raise diverged(f"the val loss became {losses['val_loss']}")
+                improved, state.evaluated = losses["val_loss"] < state.best_val, state.step
+                state.best_val = min(state.best_val, losses["val_loss"])
+                if master:
+                    if state.step > 0:
+                        save()
+                        if improved:
+                            keep_best(run_dir)
+                    log({"step": state.step, **losses, "time": round(time.time() - started, 2)})
+                    from training.plot import plot_losses
+
+                    plot_losses(run_dir)
+                    scores = ", ".join(f"{k} {v:.4f}" for k, v in losses.items())
+                    tqdm.write(f"step {state.step}: {scores}" + " (best)" * improved)
+                eval_seconds = time.time() - t0
+            if last:
+                if master and saved != state.step and state.step > 0:
+                    save()
+                break
+
+            # the learning rate: warmup, then the schedule, by the steps or under --max-time by the
+            # clock, leaving time for the final eval and save
+            progress = (state.step - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters)
+            if cfg.max_time:
+                end = deadline - 1.2 * eval_seconds - 1
+                by_clock = (time.time() - loop_started) / max(1e-3, end - loop_started)
+                progress = max(progress, by_clock)
+            lr = lr_factor(state.step, cfg, progress)
+            for optimizer, peak in zip(optimizers, (cfg.lr, cfg.muon_lr), strict=False):
+                for group in optimizer.param_groups:
+                    group["lr"] = peak * lr
+
+            # forward and backward over the step's micro-batches; under DDP, only the last one
+            # all-reduces the gradients
+            torch.manual_seed(hash((cfg.seed, state.step, rt.rank)))  # dropout's (ints hash alike)
+            for i, (x, y) in enumerate(batches(state.step)):
+                last_micro_step = not ddp or i == grad_accum - 1
+                with contextlib.nullcontext() if last_micro_step else train_model.no_sync():
+                    with rt.autocast():
+                        _, loss = train_model(x, y)
+                    scaler.scale(loss / grad_accum).backward()
+                loss_sum += loss.detach().float() / grad_accum
+
+            # clip the gradients (unscaled first), step, zero
+            if cfg.grad_clip:
+                for optimizer in optimizers:
+                    scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            for optimizer in optimizers:
+                scaler.step(optimizer)
+                optimizer.zero_grad(set_to_none=True)
+            scaler.update()
+            state.step += 1
+            bar.update()
+
+            # log every log_interval steps: the one host sync, where the processes agree to stop
+            if state.step % cfg.log_interval == 0 or state.step == cfg.max_iters:
+                now, steps = time.time(), state.step - logged_step
+                late = now + (now - logged_time) / steps * cfg.log_interval + 1.2 * eval_seconds + 1
+                flags = [float(stop_signal > 0), float(late > deadline)]
+                agreed = torch.stack([loss_sum / steps, *map(loss_sum.new_tensor, flags)])
+                if ddp:
+                    torch.distributed.all_reduce(agreed)
+                loss_value, signalled, late = agreed.tolist()
+                loss_value /= rt.world_size
+                if not math.isfinite(loss_value):
+                    raise diverged(f"the loss became {loss_value}")
+                stop = signalled > 0 or late > 0
+                stop_signal = stop_signal or signal.SIGTERM * (signalled > 0)  # another's signal
+                tokens_per_s = steps * grad_accum * micro_step / (now - logged_time)
+                if master:
+                    log(
+                        {
+                            "step": state.step,
+                            "loss": loss_value,
+                            "lr": lr * cfg.lr,
+                            "tokens_per_s": round(tokens_per_s),
+                            "time": round(now - started, 2),
+                        }
+                    )
+                    bar.set_postfix_str(
+                        f"loss {loss_value:.4f} lr {lr * cfg.lr:.2e} {tokens_per_s:,.0f} tok/s",
+                        refresh=False,
+                    )
+                loss_sum, logged_step, logged_time = torch.zeros_like(loss_sum), state.step, now
+            elif not ddp and stop_signal:
+                stop = True
+        bar.close()
+
+        # the end: where the outputs are, and a sample
+        if wandb_run is not None:
+            wandb_run.finish(exit_code=128 + stop_signal if stop_signal else 0)
+        if master:
+            why = "max_iters" if state.step == cfg.max_iters else "max_time"
+            why = signal.Signals(stop_signal).name if stop_signal else why
+            scores = [f", {k} {v:.4f}" for k, v in losses.items() if k.endswith("loss")]
+            scores = "".join(scores) if state.evaluated == state.step else ""
+            print(
+                f"stopped at step {state.step} by {why} after {time.time() - started:.1f}s{scores}"
+            )
+            if saved:
+                print(f"checkpoint {run_dir / 'ckpt.pt'} (the latest, for --resume)")
+            if (run_dir / "best.pt").is_file():
+                print(f"best       {run_dir / 'best.pt'} (the lowest val loss: sample.py's)")
+            print(f"metrics    {run_dir / 'metrics.jsonl'} and {run_dir / 'loss.png'}")
+            if cfg.sample_tokens and not stop_signal:
+                model.eval()
+                start = torch.tensor([[tok.start_id]], device=rt.device)
+                generator = torch.Generator(rt.device).manual_seed(cfg.seed)
+                with rt.autocast():
+                    steps = generate(
+                        model, start, cfg.sample_tokens, 0.8, 200, None, generator, tok.vocab_size
+                    )
+                    text = tok.decode([int(t) for t in steps])
+                print(f"a sample (python sample.py --out-dir {run_dir} for more):\n{text}")
+        final = losses if state.evaluated == state.step else {}  # a stop signal skips the eval
+        return {"step": state.step, "stop_signal": stop_signal, **final}
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="train.py", description=__doc__,
-                            usage="python train.py [--config NAME|FILE|RUN_DIR] [--FIELD VALUE ...]")
-    cfg, _ = parse_config(parser, argv)
-    return exit_code(train(cfg)["stopped"])
+def main(argv=None) -> int:
+    stop_signal = train(parse_args(argv, doc=__doc__))["stop_signal"]
+    return 128 + stop_signal if stop_signal else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -1,33 +1,50 @@
-"""The benchmarks' command line: each subcommand prints one JSON line per measurement.
+"""The benchmarks: each prints one JSON line per measurement.
 
-    python -m benchmarks sample                   # decoding tokens/s (benchmarks/decode.py)
-    python -m benchmarks train --config small --iters 200        # step time, ours vs plain PyTorch
-    python -m benchmarks time-to-loss --config small --max-time 45 --target 1.88
-    python -m benchmarks memory --config small    # plan.py's peak memory vs the measured one
-    python -m benchmarks hellaswag --config gpt2 --items 100     # HellaSwag seconds per 100 items
+Run from the repository:
+python -m benchmarks size                        # Python tokens of the code, and what loads
+python -m benchmarks train --config small --iters 200       # train.py's tokens/s and step time
+python -m benchmarks train --config small --iters 200 --busy 1   # beside a busy process
+python -m benchmarks sample --config small       # decoding tokens/s, eager and compiled
+python -m benchmarks time-to-loss --config small # whole `python train.py` runs: wall s, val loss
 """
 
+import argparse
 import sys
 
-from configs.cli import ArgumentParser
-from configs.errors import entry_point
-
-from . import decode, hellaswag, memory, runs, train
+from configs import ArgumentParser, run
 
 
-@entry_point
-def main(argv: list[str] | None = None) -> None:
-    parser = ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (decode.add_sample_parser, train.add_train_parser, runs.add_time_to_loss_parser,
-                memory.add_memory_parser, hellaswag.add_hellaswag_parser):
-        add(sub.add_parser)
-    args, extra = parser.parse_known_args(argv)  # all but sample pass the flags they lack on to TrainConfig
-    if extra and not getattr(args, "passthrough", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.extra = extra
-    args.func(args)
+def main(argv=None) -> None:
+    from . import decode, runs, size
+
+    p = ArgumentParser(
+        prog="python -m benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("size", help="Python tokens per file and folder, and what the commands load")
+    train = sub.add_parser("train", help="train.py's training tokens/s and ms a step")
+    train.add_argument("--config", default="small")
+    train.add_argument("--iters", type=int, default=200, help="steps (the first 20% warm up)")
+    train.add_argument("--busy", type=int, default=0, help="busy processes started before the run")
+    sample = sub.add_parser("sample", help="decoding tokens/s: eager and compiled")
+    sample.add_argument("--config", default="small")
+    sample.add_argument("--tokens", type=int, default=500, help="tokens decoded per round")
+    sample.add_argument("--modes", default="eager,compiled", help="eager, compiled, or both")
+    times = sub.add_parser("time-to-loss", help="whole train.py runs: wall seconds and val loss")
+    times.add_argument("--config", default="small")
+    times.add_argument("--runs", type=int, default=1)
+    args, extra = p.parse_known_args(argv)  # train and time-to-loss pass other flags to train.py
+    if extra and args.command not in ("train", "time-to-loss"):
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "size":
+        size.main()
+    elif args.command == "sample":
+        decode.main(args)
+    else:
+        (runs.train if args.command == "train" else runs.time_to_loss)(args, extra)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(lambda: main(sys.argv[1:]))

@@ -1,1 +1,1 @@
-"""Data: tokenizers, token files, batch loaders and `python -m data.prepare`."""
+"""Text in, token files out: tokenizers, data.prepare, the token files and their batches."""

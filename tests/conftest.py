@@ -1,39 +1,57 @@
-"""Shared test set-up."""
+"""Shared test set-up: a prepared dataset, tiny runs, scripts run as users run them, a fake hub."""
 
+import contextlib
+import io
 import os
 import signal
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from training.runtime import usable_cpus
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config):
-    """The signal tests press Ctrl-C or hang up as a user at a terminal would. A suite started in the background
-    (`&` ignores SIGINT, nohup SIGHUP) would pass those on to the scripts, which rightly keep them ignored, so the
-    tests get the defaults back."""
-    for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGHUP, signal.SIG_DFL)):
+    """The signal tests press Ctrl-C as a user at a terminal does. A suite started in the background
+    (`&` ignores SIGINT, nohup SIGHUP) would pass that on to the scripts, which rightly keep it, so
+    the tests get the defaults back."""
+    for sig, default in (
+        (signal.SIGINT, signal.default_int_handler),
+        (signal.SIGHUP, signal.SIG_DFL),
+    ):
         if signal.getsignal(sig) is signal.SIG_IGN:
             signal.signal(sig, default)
 
 
 def pytest_xdist_auto_num_workers(config) -> int | None:
-    """pytest.ini's `-n auto`: a process per two usable cores, as many tests start scripts or DDP ranks of their
-    own; under 4 cores one test at a time, as CI's 2 cores have always run it, so no test there meets another's
-    load. On a 16-core GPU machine, where starting Python with torch took 4.7 s, 8 processes took the suite from
-    6 minutes to 2 (docs/gpu.md). PYTEST_XDIST_AUTO_NUM_WORKERS, or `-n N` on the command line, still wins."""
+    """pytest.ini's `-n auto`: a process per two usable cores, since many tests start scripts or DDP
+    processes of their own; under 4 cores, one test at a time. PYTEST_XDIST_AUTO_NUM_WORKERS, or
+    `-n N`, wins."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # pytest-xdist's own hook reads it
-    workers = len(usable_cpus()) // 2
+    workers = len(os.sched_getaffinity(0)) // 2
     return workers if workers >= 2 else 0
 
 
 @pytest.fixture(autouse=True, scope="session")
+def other_cpu_row():
+    """CI's second pass runs the suite as the other kind of CPU would: CPU_BF16=0 or 1 stands in for
+    what /proc/cpuinfo says, for the runs the tests start in this process."""
+    value = os.environ.get("CPU_BF16")
+    with pytest.MonkeyPatch.context() as mp:
+        if value is not None:
+            mp.setattr("training.runtime.cpu_has_bf16", lambda: value == "1")
+        yield
+
+
+@pytest.fixture(autouse=True, scope="session")
 def temp_files_stay_in_pytests_folder(tmp_path_factory):
-    """torchrun keeps a log folder in the temp dir, and a stopped process leaves its temp files: the scripts the
-    tests start put theirs under pytest's own temp folder, which pytest prunes, rather than into /tmp."""
+    """torchrun keeps a log folder in the temp folder: the scripts the tests start put theirs under
+    pytest's own temp folder, which pytest prunes."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TMPDIR", str(tmp_path_factory.mktemp("tmp")))
         yield
@@ -41,43 +59,105 @@ def temp_files_stay_in_pytests_folder(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's
-    spinning threads make them many times slower."""
+    """Tiny models gain nothing from more threads, and on a busy 2-core machine OpenMP's spinning
+    threads make them many times slower."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
 
 
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory) -> Path:
+    """shakespeare_char, prepared once for the session."""
+    from data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("prepared")
+    prepare("shakespeare_char", root=str(root), quiet=True)
+    return root
+
+
+def tiny(tmp_path, data_root, **fields):
+    """The tiny preset as a test trains it: on the CPU, in tmp_path/run, without the last sample."""
+    from configs import load_config
+
+    cfg = replace(
+        load_config("tiny"),
+        device="cpu",
+        data_root=str(data_root),
+        sample_tokens=0,
+        out_dir=str(tmp_path / "run"),
+    )
+    return replace(cfg, **fields)
+
+
+def tiny_args(tmp_path, data_root, *extra) -> list[str]:
+    """train.py's flags for the same tiny run."""
+    return [
+        "--config",
+        "tiny",
+        "--device",
+        "cpu",
+        "--data-root",
+        str(data_root),
+        "--sample-tokens",
+        "0",
+        "--out-dir",
+        str(tmp_path / "run"),
+        *map(str, extra),
+    ]
+
+
+def script(*argv, timeout=300, **kwargs) -> subprocess.CompletedProcess:
+    """`python ARGV...` in the repository, as a user runs it, its output captured as text."""
+    kwargs.setdefault("capture_output", True)
+    return subprocess.run(
+        [sys.executable, *map(str, argv)], cwd=ROOT, text=True, timeout=timeout, **kwargs
+    )
+
+
+def in_process(main, *argv) -> subprocess.CompletedProcess:
+    """main(argv) run as its script runs it (configs.run), but in this process: a second faster
+    than starting Python and torch again. Its exit status and output, as a script's."""
+    from configs import run
+
+    out, err = io.TextIOWrapper(io.BytesIO()), io.TextIOWrapper(io.BytesIO())
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with pytest.raises(SystemExit) as exit:
+            run(lambda: main([str(a) for a in argv]))
+    text = [(stream.flush(), stream.buffer.getvalue().decode())[1] for stream in (out, err)]
+    return subprocess.CompletedProcess(argv, exit.value.code or 0, *text)
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The `error:` line of a script that failed as a user's mistake: exit 2, no traceback, and one
+    line that starts with `error: `."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    return errors[0]
+
+
 @pytest.fixture
 def network_calls(monkeypatch) -> list:
-    """Every host name looked up and every address connected to, each refused and recorded: a
-    test asserts the list is empty (nothing asked the network) or holds what was expected."""
+    """Every host looked up and every address connected to, each refused and recorded: a test
+    asserts that the list is empty (nothing asked the network)."""
     import socket
 
     calls: list = []
 
     def lookup(host, port, *args, **kwargs):
         calls.append((host, port))
-        raise socket.gaierror(socket.EAI_NONAME, "network disabled by the test")
+        raise socket.gaierror(socket.EAI_NONAME, "the network is off in this test")
 
     def connect(sock, address):
         calls.append(address)
-        raise OSError("network disabled by the test")
+        raise OSError("the network is off in this test")
 
     monkeypatch.setattr(socket, "getaddrinfo", lookup)
     monkeypatch.setattr(socket.socket, "connect", connect)
     return calls
-
-
-@pytest.fixture(scope="session")
-def data_root(tmp_path_factory):
-    """shakespeare_char prepared once for the session (train.py's tests read it)."""
-    from data.prepare import prepare
-
-    root = tmp_path_factory.mktemp("prepared")
-    prepare("shakespeare_char", out_root=root, verbose=False)
-    return root
 
 
 def hf_tiny(tie: bool = True, vocab: int = 37, **kw):
@@ -86,13 +166,21 @@ def hf_tiny(tie: bool = True, vocab: int = 37, **kw):
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        vocab_size=vocab, n_positions=24, n_embd=16, n_layer=2, n_head=2,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tie,
-        bos_token_id=None, eos_token_id=None,  # not GPT-2's 50256: these vocabularies are smaller
+        vocab_size=vocab,
+        n_positions=24,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=tie,
+        bos_token_id=None,
+        eos_token_id=None,
         **kw,
     )
     model = transformers.GPT2LMHeadModel(config).eval()
-    with torch.no_grad():  # HF zero-inits biases and ones norms; randomise all so every weight is tested
+    with torch.no_grad():  # HF zeroes biases and sets norms to one: random ones test every weight
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.1)
     return model
@@ -100,9 +188,10 @@ def hf_tiny(tie: bool = True, vocab: int = 37, **kw):
 
 @pytest.fixture
 def hub_cache(tmp_path, monkeypatch):
-    """A temporary HF_HOME whose hub cache gets models laid out as huggingface_hub downloads them:
-    models--ORG--NAME/refs/main holds the commit, snapshots/COMMIT/ the files."""
-    import huggingface_hub
+    """A temporary Hugging Face cache, and a function that puts a model in it as huggingface_hub
+    lays out its downloads: models--ORG--NAME/refs/main holds the commit, snapshots/COMMIT/ the
+    files."""
+    import huggingface_hub.constants
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     cache = tmp_path / "hf_home" / "hub"

@@ -1,568 +1,404 @@
-"""What goes wrong around a run, tried as a user or an operator would: each failure is one
-`error:` line and exit 2, nothing saved is lost, and nothing trains or samples on the wrong data."""
+"""Bad input at the scripts' boundary is one `error:` line, exit 2, and nothing written.
 
-import errno
-import json
+Each mistake is tried as a user would make it: no traceback, nothing in the run folder but its
+lock; and the streams: a pipe that closes early, a terminal that cannot encode the text.
+
+Most tests run train.py or sample.py as a user does (conftest.script); out of memory is faked in
+this process, around configs.run as the scripts call it.
+"""
+
+import fcntl
 import os
+import resource
+import shlex
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, in_process, one_error_line, script, tiny, tiny_args
 
 import sample
 import train
-from configs import load_config
-from configs.errors import UserError
-from data.prepare import main as prepare_main
+from configs import run
 from data.prepare import prepare
-from model.checkpoint import load_checkpoint
-from training.run import lock_run_dir
+from model.gpt import GPT
 
-ROOT = Path(__file__).resolve().parent.parent
 SHAKESPEARE = (ROOT / "data/corpora/tinyshakespeare/input.txt").read_text()
-
-
-def args(out_dir, data_root, *extra):
-    return ["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--max-iters", "2",
-            "--out-dir", str(out_dir), "--data-root", str(data_root), *extra]
-
-
-def fails(capsys, main, argv) -> str:
-    """Run an entry point that must refuse: exit 2 and exactly one `error:` line, returned."""
-    assert main(argv) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, lines
-    return lines[0]
-
-
-def prepare_text(root, name, text):
-    (root / f"{name}.txt").write_text(text)
-    return prepare(text=root / f"{name}.txt", tokenizer="char", name=name, out_root=root, verbose=False)
-
-
-def test_data_prepared_again_is_refused_at_resume_init_from_and_sampling(tmp_path, capsys):
-    root, run = tmp_path / "prepared", tmp_path / "run"
-    root.mkdir()
-    prepare_text(root, "mini", SHAKESPEARE[:3000])
-    assert train.main(args(run, root, "--dataset", "mini", "--block-size", "8")) == 0
-    new = prepare_text(root, "mini", SHAKESPEARE[:20000])  # six more characters: every id shifts
-    line = fails(capsys, train.main, args(run, root, "--dataset", "mini", "--block-size", "8", "--resume"))
-    assert "dataset mini was prepared again since it was saved (vocab_size 52 -> 58, chars +'DGJPqx'" in line
-    line = fails(capsys, train.main, args(tmp_path / "ft", root, "--dataset", "mini", "--init-from", str(run)))
-    assert "run/best.pt was trained with another vocabulary than dataset mini's (vocab_size 52 -> 58" in line
-    (run / "manifest.json").write_bytes((new / "manifest.json").read_bytes())  # another run wrote it
-    line = fails(capsys, sample.main, ["--ckpt", str(run), "--max-new-tokens", "3"])
-    assert "manifest.json is not the data best.pt was trained on (vocab_size 52 -> 58" in line
-
-
-def test_a_second_run_on_a_run_dir_in_use_is_refused(tmp_path, data_root, capsys):
-    assert train.main(args(tmp_path, data_root)) == 0
-    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
-    with lock_run_dir(tmp_path):  # as if the first run were still training
-        line = fails(capsys, train.main, args(tmp_path, data_root, "--resume", "--max-iters", "4"))
-    assert f"{tmp_path} is in use by another run (pid {os.getpid()})" in line
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
-
-
-def test_char_corpus_without_a_newline_trains_and_samples(tmp_path, capsys):
-    root = tmp_path / "prepared"
-    root.mkdir()
-    prepare_text(root, "flat", SHAKESPEARE[:5000].replace("\n", " "))
-    cfg = load_config("tiny", args(tmp_path / "run", root, "--dataset", "flat", "--sample-tokens", "16")[2:])
-    result = train.train(cfg)  # the end-of-run sample used to start from "\n" and fail here
-    assert len(result["sample"]) == 16
-    assert sample.main(["--ckpt", str(tmp_path / "run"), "--prompt", "", "--max-new-tokens", "4"]) == 0
-    assert "note: empty prompt: starting from ' '" in capsys.readouterr().err
-
-
-def test_disk_full_while_saving_is_one_line_and_keeps_the_last_checkpoint(tmp_path, data_root, monkeypatch, capsys):
-    real_save = torch.save
-
-    def save(obj, f, *a, **kw):
-        if isinstance(obj, dict) and obj.get("step") == 4:
-            f.write(b"PK\x03\x04 half a zip")  # some bytes land, then the disk is full
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(obj, f, *a, **kw)
-
-    monkeypatch.setattr(torch, "save", save)
-    line = fails(capsys, train.main, args(tmp_path, data_root, "--max-iters", "6", "--eval-interval", "2"))
-    assert f"could not write {tmp_path / 'ckpt.pt'} (No space left on device); its previous version" in line
-    assert load_checkpoint(tmp_path)["step"] == 2
-    assert not list(tmp_path.glob(".*.tmp"))
-
-
-@pytest.mark.parametrize("where, needle", [("file", "is a file, not a directory"),
-                                           ("file/run", "cannot be written (Not a directory")])
-def test_an_unusable_out_dir_is_one_line_before_training(tmp_path, data_root, capsys, where, needle):
-    (tmp_path / "file").write_text("not a directory")
-    assert needle in fails(capsys, train.main, args(tmp_path / where, data_root))
-
-
-def test_resume_refuses_incomplete_or_unfitting_checkpoints(tmp_path, data_root, capsys):
-    assert train.main(args(tmp_path, data_root)) == 0
-    line = fails(capsys, train.main, args(tmp_path, data_root, "--resume", "--optimizer", "muon"))
-    assert "its optimizer state does not fit this run" in line
-    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
-    ckpt["model_config"]["n_embd"] = 32
-    torch.save(ckpt, tmp_path / "ckpt.pt")
-    line = fails(capsys, train.main, args(tmp_path, data_root, "--resume"))
-    assert f"error: checkpoint {tmp_path / 'ckpt.pt'}: weights do not match its model_config" in line
-    del ckpt["optimizer"]
-    torch.save(ckpt, tmp_path / "ckpt.pt")
-    line = fails(capsys, train.main, args(tmp_path, data_root, "--resume"))
-    assert "its checkpoint has no optimizer" in line
-
-
-@pytest.fixture
-def two_processes(tmp_path, data_root, tmp_path_factory):
-    """tiny training as 2 processes (gloo), started as torchrun would and in step; yields them
-    and a function returning a process's output. --ddp-timeout 8: long enough for rank 0's
-    first eval on a busy machine, short enough for a test."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
-    cmd = [sys.executable, "train.py", *args(tmp_path, data_root, "--max-iters", "100000", "--eval-interval",
-                                             "100000", "--dtype", "float32", "--ddp-timeout", "8")]
-    logs_dir = tmp_path_factory.mktemp("logs")  # not the run dir: a fresh run refuses files it does not write
-    logs = [open(logs_dir / f"rank{r}.log", "w+") for r in (0, 1)]
-    ranks = [subprocess.Popen(cmd, cwd=ROOT, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=logs[r],
-                              stderr=subprocess.STDOUT) for r in (0, 1)]
-    try:
-        deadline = time.time() + 120
-        while not (tmp_path / "metrics.jsonl").is_file() or len((tmp_path / "metrics.jsonl").read_text()
-                                                                  .splitlines()) < 3:
-            assert time.time() < deadline and ranks[0].poll() is None, logs[0].name
-            time.sleep(0.2)
-        yield ranks, lambda r: (logs[r].seek(0), logs[r].read())[1]
-    finally:
-        for p in ranks:
-            p.kill()
-            p.wait()
-
-
-def test_ddp_a_stopped_process_ends_the_job_with_one_line(two_processes):
-    ranks, output = two_processes
-    os.kill(ranks[1].pid, signal.SIGSTOP)  # training, in step with rank 0, then stopped
-    assert ranks[0].wait(timeout=120) == 2
-    out = output(0)
-    assert "Traceback" not in out
-    line = out.splitlines()[-1]
-    assert line.startswith("error: process 0 of 2: ") and "Timed out waiting 8000ms" in line  # gloo's words, quoted
-    assert "another process died (see its output), hung or was stopped, or took longer than --ddp-timeout" in line
-
-
-def test_ddp_a_killed_process_ends_the_job_with_one_line_not_an_abort(two_processes):
-    ranks, output = two_processes
-    ranks[1].kill()  # its connections close: rank 0 usually knows at once, without waiting out --ddp-timeout
-    assert ranks[0].wait(timeout=120) == 2
-    out = output(0)
-    assert "Traceback" not in out and "terminate called" not in out
-    line = out.splitlines()[-1]
-    assert line.startswith("error: process 0 of 2: ") and "another process died" in line
-    # One short line: torch's first sentence of the lost connection, or, as once under load, gloo's timeout (docs/gpu.md).
-    assert len(line) < 400, line
-
-
-def test_ddp_a_stop_signal_to_one_process_stops_both_at_the_same_step(two_processes, tmp_path):
-    ranks, output = two_processes
-    os.kill(ranks[1].pid, signal.SIGTERM)  # as a scheduler might signal one node of the job
-    # both save-and-exit as one: a rank that stopped alone would leave the other in a collective
-    assert [p.wait(timeout=120) for p in ranks] == [143, 143], output(0)[-2000:]
-    step = load_checkpoint(tmp_path)["step"]
-    assert f"stopped at step {step} (SIGTERM)" in output(0) and step == max(
-        json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines())
-    assert "Traceback" not in output(0) + output(1)
-
-
-@pytest.mark.parametrize("blown", [float("inf"), 1e30])  # 1e30: finite, and yet every loss is nan
-def test_a_stop_after_the_weights_blew_up_keeps_the_last_good_checkpoint(tmp_path, data_root, monkeypatch, capsys,
-                                                                        blown):
-    step, forward_backward = train.optimizer_step, train.forward_backward
-    calls = []
-
-    def preempted(*a):  # the signal lands in step 3, whose loss is still finite...
-        calls.append(1)
-        if len(calls) == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return forward_backward(*a)
-
-    def blow_up(model, *a):  # ...and whose update blows the weights up
-        norm = step(model, *a)
-        if len(calls) == 3:
-            with torch.no_grad():
-                next(model.parameters()).fill_(blown)
-        return norm
-
-    monkeypatch.setattr(train, "forward_backward", preempted)
-    monkeypatch.setattr(train, "optimizer_step", blow_up)
-    line = fails(capsys, train.main, args(tmp_path, data_root, "--max-iters", "6", "--eval-interval", "2"))
-    assert "the weights diverged at step 3 (loss nan on a val batch); stopped without saving, the last good " \
-           f"checkpoint is {tmp_path / 'ckpt.pt'} (step 2)" in line
-    assert load_checkpoint(tmp_path)["step"] == 2
-
-
-def test_a_checkpoint_with_nan_weights_is_one_line_wherever_it_is_loaded(tmp_path, data_root, capsys):
-    run = tmp_path / "run"
-    assert train.main(args(run, data_root)) == 0
-    for name in ("ckpt.pt", "best.pt"):
-        ckpt = torch.load(run / name, weights_only=True)
-        ckpt["model"]["transformer.h.0.mlp.c_fc.weight"][0, 0] = float("nan")
-        torch.save(ckpt, run / name)
-    for main, argv in [(sample.main, ["--ckpt", str(run), "--max-new-tokens", "3"]),
-                       (train.main, args(run, data_root, "--eval-only")),
-                       (train.main, args(run, data_root, "--resume", "--max-iters", "4")),
-                       (train.main, args(tmp_path / "ft", data_root, "--init-from", str(run)))]:
-        assert "holds nan/inf weights (transformer.h.0.mlp.c_fc.weight, 1 tensors in all)" in fails(capsys, main, argv)
-
-
-def test_a_fresh_run_over_a_trained_one_is_refused(tmp_path, data_root, capsys):
-    assert train.main(args(tmp_path, data_root)) == 0
-    (tmp_path / ".notes.v1.tmp").write_text("the user's, not a save's")
-    for kept in ("ckpt.pt", "best.pt"):  # best.pt alone: ckpt.pt deleted to save disk
-        before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
-        line = fails(capsys, train.main, args(tmp_path, data_root, "--max-iters", "1"))
-        assert f"{tmp_path} holds a trained run; continue it with --resume, or start over in another --out-dir" in line
-        assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
-        (tmp_path / "ckpt.pt").unlink(missing_ok=True)
-
-
-def test_a_run_dir_as_config_gives_its_settings_not_its_place(tmp_path, data_root, capsys):
-    a, b = tmp_path / "a", tmp_path / "b"
-    assert train.main(args(a, data_root)) == 0
-    assert train.main(args(a, data_root, "--resume", "--max-iters", "3")) == 0  # its config.json: resume true
-    before = (a / "ckpt.pt").read_bytes()
-    assert train.main(["--config", str(a), "--out-dir", str(b), "--max-iters", "1"]) == 0  # not resumed from b
-    assert load_checkpoint(b)["step"] == 1 and load_config(str(a)).out_dir == "out/tiny"
-    assert (a / "ckpt.pt").read_bytes() == before
-
-
-@pytest.mark.parametrize("link", [".lock", "metrics.jsonl"])
-def test_links_in_the_out_dir_are_refused_not_followed(tmp_path, data_root, capsys, link):
-    (tmp_path / "run").mkdir()
-    (tmp_path / "elsewhere").write_text("someone's file")
-    (tmp_path / "run" / link).symlink_to(tmp_path / "elsewhere")
-    line = fails(capsys, train.main, args(tmp_path / "run", data_root))
-    assert f"holds symbolic links ({link}); a run writes only inside its out dir" in line
-    assert (tmp_path / "elsewhere").read_text() == "someone's file"
-
-
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGHUP])
-def test_a_schedulers_warning_and_a_closed_terminal_stop_and_save(tmp_path, data_root, monkeypatch, capsys, sig):
-    forward_backward, calls = train.forward_backward, []
-
-    def signalled(*a):
-        calls.append(1)
-        if len(calls) == 3:
-            os.kill(os.getpid(), sig)  # SLURM's --signal=USR1@60, or the terminal closing, during step 3
-        return forward_backward(*a)
-
-    monkeypatch.setattr(train, "forward_backward", signalled)
-    assert train.main(args(tmp_path, data_root, "--max-iters", "6")) == 128 + sig
-    assert load_checkpoint(tmp_path)["step"] == 3
-    assert f"stopped at step 3 ({sig.name})" in capsys.readouterr().out
-
-
-def test_eval_only_on_data_of_another_tokenizer_is_refused(tmp_path, data_root, capsys):
-    root = tmp_path / "prepared"
-    root.mkdir()
-    prepare_text(root, "tilde", SHAKESPEARE.replace("$", "~"))  # 65 characters too, one of them another
-    assert train.main(args(tmp_path / "run", data_root)) == 0
-    line = fails(capsys, train.main, args(tmp_path / "run", root, "--dataset", "tilde", "--eval-only"))
-    assert "was trained with another vocabulary than dataset tilde's" in line
-    assert line.endswith("use data of its tokenizer (--dataset shakespeare_char)")
-
-
-@pytest.mark.parametrize("seed", ["-1", str(2**32), str(2**64)])
-def test_seeds_torch_would_cut_to_32_bits_are_refused(tmp_path, data_root, capsys, seed):
-    assert "expects a seed from 0 to 2**32 - 1" in fails(capsys, train.main, args(tmp_path, data_root, "--seed", seed))
-    assert "expects a seed from 0 to 2**32 - 1" in fails(capsys, sample.main, ["--seed", seed])
-
-
-def test_the_dataset_of_a_run_cannot_be_prepared_again_during_it(tmp_path, monkeypatch):
-    root = tmp_path / "prepared"
-    root.mkdir()
-    prepare_text(root, "mini", SHAKESPEARE[:3000])
-    forward_backward, refused = train.forward_backward, []
-
-    def rebuilt_meanwhile(*a):  # as `python -m data.prepare --text ... --name mini --force` from another shell
-        if not refused:
-            with pytest.raises(UserError) as e:
-                prepare(text=root / "mini.txt", tokenizer="char", name="mini", out_root=root, force=True)
-            refused.append(str(e.value))
-        return forward_backward(*a)
-
-    monkeypatch.setattr(train, "forward_backward", rebuilt_meanwhile)
-    assert train.main(args(tmp_path / "run", root, "--dataset", "mini", "--block-size", "8")) == 0
-    assert refused == ["dataset mini is in use by a run; wait for it to finish, or prepare it under another name"]
-    prepare(text=root / "mini.txt", tokenizer="char", name="mini", out_root=root, force=True, verbose=False)  # after it
-
-
-def test_a_dataset_folder_no_one_can_write_still_trains(tmp_path, data_root, capsys):
-    root = tmp_path / "prepared"
-    root.mkdir()
-    prepare_text(root, "mini", SHAKESPEARE[:3000])
-    (root / ".mini.lock").mkdir()  # the lock file cannot be opened, as on a read-only mount (root ignores modes)
-    assert train.main(args(tmp_path / "run", root, "--dataset", "mini", "--block-size", "8")) == 0
-    assert "cannot write" in fails(capsys, prepare_main, ["--text", str(root / "mini.txt"), "--name", "mini",
-                                                          "--tokenizer", "char", "--out-root", str(root), "--force"])
-
-
-def test_a_vocab_size_below_the_tokenizers_names_the_flag_that_fixes_it(tmp_path, data_root, capsys):
-    line = fails(capsys, train.main, args(tmp_path, data_root, "--vocab-size", "64"))
-    assert "--vocab-size 64 is smaller than the vocabulary of dataset shakespeare_char (65); use --vocab-size 0 " \
-           "(the tokenizer's) or >= 65" in line
-
-
-def test_eval_only_of_another_run_states_the_attention_that_runs(tmp_path, data_root, capsys):
-    assert train.main(args(tmp_path / "a", data_root)) == 0  # sdpa
-    capsys.readouterr()
-    assert train.main(args(tmp_path / "b", data_root, "--eval-only", "--init-from", str(tmp_path / "a"),
-                           "--attention", "explicit")) == 0
-    out = capsys.readouterr().out
-    assert "explicit" not in out.splitlines()[0] and "attention=sdpa" in out  # the model's, not the flag's
-
-
-def test_the_sample_hint_quotes_an_out_dir_with_spaces(tmp_path, data_root, capsys):
-    assert train.main(args(tmp_path / "my run", data_root, "--sample-tokens", "4")) == 0
-    assert f"python sample.py --out-dir '{tmp_path / 'my run'}' for more" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("extra", [["--dataset", "unprepared"], ["--init-from", "no/such/run"]])
-def test_a_run_that_fails_before_training_leaves_no_run_dir(tmp_path, data_root, capsys, extra):
-    (tmp_path / "prepared").mkdir()
-    fails(capsys, train.main, args(tmp_path / "out" / "run", tmp_path / "prepared" if extra[1] == "unprepared"
-                                   else data_root, *extra))
-    assert not (tmp_path / "out").exists()
-    (tmp_path / "kept").mkdir()  # the user's: stays, though empty
-    fails(capsys, train.main, args(tmp_path / "kept", tmp_path / "prepared", "--dataset", "unprepared"))
-    assert [p.name for p in (tmp_path / "kept").iterdir()] == []
-
-
-def test_resume_continues_with_the_runs_settings_unless_typed_again(tmp_path, data_root, capsys):
-    root = tmp_path / "prepared"
-    root.mkdir()
-    prepare_text(root, "mini", SHAKESPEARE[:3000])
-    run = tmp_path / "run"
-    assert train.main(args(run, root, "--dataset", "mini", "--block-size", "8")) == 0
-    assert train.main(args(run, root, "--resume", "--max-iters", "3", "--lr", "5e-4")) == 0  # dataset not typed
-    assert train.main(args(run, root, "--resume", "--max-iters", "4")) == 0  # lr not typed: stays 5e-4
-    saved = load_checkpoint(run)["train_config"]
-    assert (saved["dataset"], saved["block_size"], saved["lr"], saved["max_iters"]) == ("mini", 8, 5e-4, 4)
-    assert train.main(args(run, root, "--resume", "--max-iters", "5", "--lr", "1e-3")) == 0  # typed: wins
-    assert load_checkpoint(run)["train_config"]["lr"] == 1e-3
-
-
-def test_resuming_a_finished_run_adds_no_eval(tmp_path, data_root, capsys):
-    assert train.main(args(tmp_path, data_root)) == 0
-    before = (tmp_path / "metrics.jsonl").read_text()
-    assert train.main(args(tmp_path, data_root, "--resume")) == 0
-    assert (tmp_path / "metrics.jsonl").read_text() == before
-    assert "final: train loss" in capsys.readouterr().out
-
-
-def test_ddp_an_error_preparing_the_data_is_one_line_from_rank_0(tmp_path):
-    (tmp_path / "prepared").mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-           *args(tmp_path / "run", tmp_path / "prepared", "--dataset", "unprepared")]
-    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=120)
-    out = done.stdout + done.stderr
-    errors = [line for line in out.splitlines() if line.startswith("error: ")]
-    assert done.returncode != 0 and len(errors) == 1 and "dataset 'unprepared' is neither a preset" in errors[0], out
-    assert "Connection closed" not in out and not (tmp_path / "run").exists()
-
-
-def test_deterministic_on_an_op_without_a_deterministic_kernel_is_one_line(tmp_path, data_root, monkeypatch, capsys):
-    def cuda_only(*a):  # what torch raises on a GPU for such an op under use_deterministic_algorithms(True)
-        raise RuntimeError("adaptive_avg_pool2d_backward_cuda does not have a deterministic implementation, but you "
-                           "set 'torch.use_deterministic_algorithms(True)'. You can turn off determinism ...")
-
-    monkeypatch.setattr(train, "forward_backward", cuda_only)
-    line = fails(capsys, train.main, args(tmp_path, data_root, "--deterministic"))
-    assert "--deterministic: an op this run needs has no deterministic kernel on cpu; drop --deterministic" in line
-    with pytest.raises(RuntimeError, match="does not have a deterministic implementation"):
-        train.main(args(tmp_path / "plain", data_root))  # not under --deterministic: torch's own error, traceback kept
-
-
-@pytest.mark.parametrize("option", ["--n-embd", "--n-head", "--threads", "--tokens-per-step"])
-def test_integers_torch_cannot_hold_are_one_line(tmp_path, data_root, capsys, option):
-    assert f"{option}: expects an integer below 2**31, got '1e30'" in fails(capsys, train.main, args(
-        tmp_path, data_root, option, "1e30"))
-
-
-def test_more_bad_input_found_by_trying_it(tmp_path, data_root, capsys):
-    from model.__main__ import main as model_main
-
-    assert "--batch-size: expects an integer >= 1, got '0'" in fails(capsys, model_main, ["--batch-size", "0"])
-    assert "--threads: expects an integer below 2**31" in fails(capsys, sample.main, ["--threads", str(2**70)])
-    (tmp_path / "afile").write_text("")  # not a .toml: read as no fields, it trained small's defaults
-    assert "expected a .toml file, a run's config.json" in fails(capsys, train.main, ["--config", str(tmp_path / "afile")])
-    line = fails(capsys, train.main, args(tmp_path / "none", data_root, "--resume"))
-    assert f"--resume: no checkpoint at {tmp_path / 'none' / 'ckpt.pt'}; drop --resume to start this run" in line
-    assert train.main(args(tmp_path / "run", data_root, "--block-size", "16")) == 0
-    line = fails(capsys, train.main, args(tmp_path / "ev", data_root, "--eval-only", "--init-from", str(tmp_path / "run")))
-    assert "block_size 32 exceeds the context of" in line and "pass --block-size 16 or less" in line
-    assert fails(capsys, train.main, args(tmp_path, data_root, "--lr", "0")).endswith(
-        "--min-lr (0.0001) must not exceed --lr (0.0); lower --min-lr")
-
-
-def test_bad_input_of_the_second_pass_is_one_line_and_changes_nothing(tmp_path, data_root, capsys, monkeypatch):
-    from model.__main__ import main as model_main
-
-    ds = data_root / "shakespeare_char"
-    before = {p.name: p.read_bytes() for p in ds.iterdir()}
-    assert "holds a prepared dataset; pick another --out-dir" in fails(capsys, train.main, args(ds, data_root))
-    assert {p.name: p.read_bytes() for p in ds.iterdir()} == before  # no lock, no run files among the tokens
-    # A billion threads ended in OpenMP's out-of-memory abort. The check counts the CPUs this process may use.
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # 2, whatever this machine has
-    assert "--threads 3: this process may use 2 cores; use at most 2" in fails(
-        capsys, train.main, args(tmp_path / "t", data_root, "--threads", "3"))
-    assert not (tmp_path / "t").exists()
-    (tmp_path / "list.toml").write_text('base = "tiny"\nout_dir = ["x"]\n')  # it trained into a folder "['x']"
-    assert fails(capsys, train.main, ["--config", str(tmp_path / "list.toml")]).endswith("out_dir expects text, got ['x']")
-    assert "--seq-len 33 is longer than the config's block_size 32" in fails(
-        capsys, model_main, ["--config", "tiny", "--seq-len", "33"])
-    (tmp_path / "huge.toml").write_text('base = "tiny"\nvocab_size = 2000000000\nblock_size = 100000\n')
-    assert model_main(["--config", str(tmp_path / "huge.toml"), "--blocks", "0"]) == 0  # on meta: no 128 GB
-    assert "would hold more than 2**63 bytes" in fails(
-        capsys, model_main, ["--config", str(tmp_path / "huge.toml"), "--batch-size", "1000000"])
-
-
-def test_bad_input_of_the_third_pass_is_one_line(tmp_path, data_root, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # --name '..' wrote the run into the working directory, '' into out/ itself
-    for name in ("..", "", "a/b"):
-        assert "a run's name is one folder name under out/" in fails(capsys, train.main, [
-            "--config", "tiny", "--name", name, "--data-root", str(data_root), "--max-iters", "2"])
-    assert not list(tmp_path.iterdir())
-    for flag in (["--init-from", "gpt2"], ["--eval-only"]):  # each was silently dropped
-        assert f"--resume continues this run's training, which {flag[0]} does not" in fails(
-            capsys, train.main, args(tmp_path / "r", data_root, "--resume", *flag))
-    assert "--warmup-iters 100 is longer than the run (--max-iters 2)" in fails(
-        capsys, train.main, args(tmp_path / "w", data_root, "--warmup-iters", "100"))  # it trained at lr ~0
-    assert train.main(args(tmp_path / "run", data_root, "--eval-interval", "1")) == 0
-    assert f"{tmp_path / 'run'} has no train.bin: a run's or an exported model's folder" in fails(
-        capsys, train.main, args(tmp_path / "x", tmp_path, "--dataset", "run"))  # it said to run data.prepare
-    (tmp_path / "b.toml").write_text(f'base = "{tmp_path / "run"}"\n')
-    assert f"base takes a preset (finetune_gpt2, gpt2, shakespeare_gpu, small, tiny), not a path; to start from a " \
-           f"run's settings use --config {tmp_path / 'run'}" in fails(capsys, train.main, ["--config", str(tmp_path / "b.toml")])
-    for field, line in [("muon_lr = 0.5", "--muon-lr does nothing without --optimizer muon"),
-                        ("warmup_iters = 50", "--warmup-iters 50 is longer than the run")]:  # as flags: refused
-        (tmp_path / "t.toml").write_text(f'base = "tiny"\n{field}\n')
-        assert fails(capsys, train.main, ["--config", str(tmp_path / "t.toml")]).startswith(
-            f"error: {tmp_path / 't.toml'}: {line}")
-    cfg = load_config(str(tmp_path / "run"), ["--resume", "--max-iters", "4"])  # it resumed out/tiny instead
-    assert cfg.run_dir == tmp_path / "run" and cfg.resume
-
-
-def test_a_run_stopped_in_its_first_eval_names_no_best_pt(tmp_path, data_root, monkeypatch, capsys):
-    evaluate = train.evaluate
-
-    def preempted(*a):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return evaluate(*a)
-
-    monkeypatch.setattr(train, "evaluate", preempted)
-    assert train.main(args(tmp_path, data_root)) == 143
-    assert not (tmp_path / "best.pt").exists() and "best.pt" not in capsys.readouterr().out
-
-
-def test_messages_that_named_the_wrong_cause(tmp_path, data_root, monkeypatch, capsys):
-    from data.files import atomic_write
-
-    (tmp_path / "folder").mkdir()
-    line = fails(capsys, prepare_main, ["--files", str(tmp_path / "folder"), "--out-root", str(tmp_path)])
-    assert f"{tmp_path / 'folder'} is a folder; give --text a folder, --files its files" in line
-    assert "pass --n-head as one of [1, 2, 4, 8, 16] or another --n-embd" in fails(
-        capsys, train.main, args(tmp_path, data_root, "--n-head", "3"))
-
-    def read_only(*a, **kw):
-        raise OSError(errno.EROFS, "Read-only file system")
-
-    monkeypatch.setattr("builtins.open", read_only)
-    with pytest.raises(UserError) as e:
-        atomic_write(tmp_path / "x.json", lambda f: None)
-    assert str(e.value).endswith("(Read-only file system); its previous version, if any, is kept; pick another "
-                                 "output folder")
-
-
-def test_empty_values_and_hub_only_options_are_refused_not_ignored(tmp_path, data_root, capsys):
-    for option in ("--config", "--init-from", "--prompt-file"):
-        assert "names nothing" in fails(capsys, sample.main, [option, "", "--max-new-tokens", "1"])
-    assert "--data-root and --dataset must not be empty" in fails(capsys, train.main, args(tmp_path, ""))
-    (tmp_path / "a.txt").write_text(SHAKESPEARE[:3000])
-    line = fails(capsys, prepare_main, ["--text", str(tmp_path / "a.txt"), "--subset", "x", "--split", "test",
-                                        "--out-root", str(tmp_path)])
-    assert line == "error: --subset, --split: for --hf datasets only; drop them"
-    for source in (["--text", str(tmp_path / "a.txt")], ["--files", str(tmp_path / "a.txt")]):  # each was ignored
-        line = fails(capsys, prepare_main, [*source, "--text-column", "body", "--out-root", str(tmp_path)])
-        assert line.startswith("error: --text-column: ") and line.endswith("; drop it")
-    assert not list(tmp_path.glob("a*/"))
-
-
-TINY = ("--max-iters", "3", "--eval-interval", "2", "--eval-iters", "1")
-
-
-def test_a_failed_resume_keeps_the_runs_settings(tmp_path, data_root, capsys):
-    assert train.main(args(tmp_path, data_root, *TINY)) == 0
-    before = (tmp_path / "config.json").read_bytes()
-    line = fails(capsys, train.main, args(tmp_path, data_root, *TINY, "--resume", "--max-iters", "6", "--lr", "1e30"))
-    assert "loss became nan" in line and "stopped without saving" in line
-    assert (tmp_path / "config.json").read_bytes() == before  # a plain --resume would read lr 1e30 back
-    assert train.main(args(tmp_path, data_root, *TINY, "--resume", "--max-iters", "4")) == 0
-    assert json.loads((tmp_path / "config.json").read_text())["max_iters"] == 4  # saved with its checkpoint
-
-
-def test_a_fresh_run_refuses_a_folder_of_something_else(tmp_path, data_root, capsys):
-    export = tmp_path / "export"  # what `python -m model.hf export` writes
-    export.mkdir()
-    for name in ("model.safetensors", "config.json", "manifest.json", "tokenizer.json", "tokenizer_config.json"):
-        (export / name).write_text(f"the export's {name}")
-    before = {p.name: p.read_bytes() for p in export.iterdir()}
-    line = fails(capsys, train.main, args(export, data_root, *TINY))
-    assert line == (f"error: --out-dir {export} holds files no run of this project wrote (model.safetensors, "
-                    "tokenizer.json, tokenizer_config.json, ...); pick another --out-dir")
-    assert {p.name: p.read_bytes() for p in export.iterdir()} == before  # no .lock either
-    mine = tmp_path / "mine"  # the user's own files, named as a run's are: only a run's .lock makes them a run's
-    mine.mkdir()
-    for name in ("config.json", "metrics.jsonl", "loss.png"):
-        (mine / name).write_text(f"my {name}")
-    line = fails(capsys, train.main, args(mine, data_root, *TINY))
-    assert line == (f"error: --out-dir {mine} holds files no run of this project wrote (config.json, loss.png, "
-                    "metrics.jsonl); pick another --out-dir")
-    assert sorted(p.name for p in mine.iterdir()) == ["config.json", "loss.png", "metrics.jsonl"]
-    assert (mine / "config.json").read_text() == "my config.json"
-    ours = tmp_path / "ours"  # an earlier run of ours that failed before saving: trains over it
-    ours.mkdir()
-    for name in ("config.json", "manifest.json", "metrics.jsonl", "loss.png", ".lock", ".ckpt.pt.123.tmp", ".DS_Store",
-                 "train.log"):
-        (ours / name).write_text("")
-    (ours / "wandb").mkdir()
-    assert train.main(args(ours, data_root, *TINY)) == 0
-
-
-def test_a_split_shorter_than_a_block_is_refused_before_the_run_dir_gets_a_file(tmp_path, capsys):
-    root = tmp_path / "prepared"
-    root.mkdir()
-    prepare_text(root, "mini", SHAKESPEARE[:5000])  # 500 val tokens
-    line = fails(capsys, train.main, args(tmp_path / "run", root, *TINY, "--dataset", "mini", "--block-size", "1000"))
-    assert sorted(p.name for p in (tmp_path / "run").glob("*")) == []  # it left config.json, loss.png, metrics.jsonl
-    assert line == "error: val split of mini is shorter than one block (1001 tokens); lower --block-size"
+MIXED = SHAKESPEARE[:20000] + "é à ü ñ ☃\n" * 50  # a char vocabulary beyond ASCII
+
+
+def written(folder: Path) -> list[str]:
+    """What a refused run left in its folder, besides the lock it held: nothing, it should be."""
+    return sorted(p.name for p in folder.iterdir() if p.name != ".lock") if folder.exists() else []
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """A data root with `mixed` (char, with non-ASCII characters) and `bpe` (GPT-2's tokens)."""
+    root = tmp_path_factory.mktemp("prepared")
+    (root / "mixed.txt").write_text(MIXED)
+    prepare("mixed", text=root / "mixed.txt", tokenizer="char", root=str(root), quiet=True)
+    (root / "bpe.txt").write_text(SHAKESPEARE[:20000])
+    prepare("bpe", text=root / "bpe.txt", tokenizer="gpt2", root=str(root), quiet=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, root) -> Path:
+    """A tiny char run on `mixed`, trained for 2 steps (AdamW): its folder, parent/run."""
+    parent = tmp_path_factory.mktemp("trained")
+    train.train(tiny(parent, root, dataset="mixed", max_iters=2, eval_interval=2))
+    return parent / "run"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max-iter", "5"], "error: unrecognized arguments: --max-iter 5"),
+        (["--compile", "false"], "error: unrecognized arguments: false"),
+        (["--lr", "nan"], "error: --lr nan: expected a finite number, at least 0"),
+    ],
+)
+def test_a_bad_flag_is_one_line_and_writes_nothing(tmp_path, data_root, argv, message):
+    line = one_error_line(in_process(train.main, *tiny_args(tmp_path, data_root, *argv)))
+    assert line == message
     assert not (tmp_path / "run").exists()
 
 
-def test_resume_after_the_dataset_was_rebuilt_from_other_text_is_refused(tmp_path, capsys):
-    root, run = tmp_path / "prepared", tmp_path / "run"
+def test_a_config_file_that_is_not_toml_is_one_line(tmp_path):
+    (tmp_path / "mine.toml").write_text("max_iters = = 3\n")
+    line = one_error_line(in_process(train.main, "--config", tmp_path / "mine.toml"))
+    assert line.startswith(f"error: --config {tmp_path / 'mine.toml'}: Invalid value")
+
+
+def test_an_unknown_preset_is_one_line_listing_the_presets():
+    line = one_error_line(in_process(train.main, "--config", "smal"))
+    assert line.startswith("error: --config smal: ")
+    assert line.endswith(
+        "give a preset (finetune_gpt2, gpt2, shakespeare_gpu, small, tiny) or a .toml file"
+    )
+
+
+def test_a_dataset_not_prepared_is_one_line_saying_how(tmp_path, data_root):
+    line = one_error_line(
+        in_process(train.main, *tiny_args(tmp_path, data_root, "--dataset", "nope"))
+    )
+    assert line.startswith(
+        f"error: no dataset 'nope' in {data_root}; prepare it (python -m data.prepare"
+    )
+    assert not (data_root / "nope").exists() and written(tmp_path / "run") == []
+
+
+def test_resume_without_a_checkpoint_is_one_line(tmp_path, data_root):
+    line = one_error_line(in_process(train.main, *tiny_args(tmp_path, data_root, "--resume")))
+    assert line.startswith(
+        f"error: no checkpoint at {tmp_path / 'run' / 'ckpt.pt'}; train one first"
+    )
+    assert written(tmp_path / "run") == []
+
+
+def test_resume_after_the_dataset_was_prepared_again_is_refused(tmp_path):
+    root = tmp_path / "prepared"
     root.mkdir()
-    prepare_text(root, "mini", SHAKESPEARE[:3000])
-    assert train.main(args(run, root, "--dataset", "mini", "--block-size", "8")) == 0
-    prepare_text(root, "mini", SHAKESPEARE[:3000][::-1])  # the same characters and length, other text
-    line = fails(capsys, train.main, args(run, root, "--dataset", "mini", "--block-size", "8", "--resume",
-                                          "--max-iters", "4"))
-    assert f"cannot resume {run}: dataset mini was rebuilt from other text since this run started; use --init-from" in line
+    (root / "mini.txt").write_text(SHAKESPEARE[:3000])
+    prepare("mini", text=root / "mini.txt", tokenizer="char", root=str(root), quiet=True)
+    train.train(tiny(tmp_path, root, dataset="mini", max_iters=2, eval_interval=2))
+    (root / "mini.txt").write_text(SHAKESPEARE[3000:6000])  # other text: other ids
+    prepare("mini", text=root / "mini.txt", tokenizer="char", root=str(root), quiet=True)
+    before = contents(tmp_path / "run")
+    line = one_error_line(
+        in_process(train.main, *tiny_args(tmp_path, root, "--dataset", "mini", "--resume"))
+    )
+    run_dir = tmp_path / "run"
+    assert line.startswith(
+        f"error: cannot resume {run_dir}: dataset mini is not the data it trained"
+    )
+    assert line.endswith(f"use --init-from {run_dir} to go on training from its weights")
+    assert contents(run_dir) == before
+
+
+def test_resume_with_another_optimizer_is_refused(trained, root):
+    before = contents(trained)
+    argv = tiny_args(trained.parent, root, "--dataset", "mixed", "--resume", "--optimizer", "muon")
+    line = one_error_line(in_process(train.main, *argv))
+    assert line.startswith(f"error: cannot resume {trained}: its optimizer state does not fit")
+    assert line.endswith(f"resume with the --optimizer it had, or use --init-from {trained}")
+    assert contents(trained) == before
+
+
+def test_init_from_a_run_of_another_tokenizer_is_refused(tmp_path, trained, root):
+    argv = tiny_args(tmp_path, root, "--dataset", "bpe", "--init-from", trained)
+    line = one_error_line(in_process(train.main, *argv))
+    assert line == (
+        f"error: {trained} was trained with another tokenizer than dataset bpe's: "
+        "its token ids would mean other text"
+    )
+    assert written(tmp_path / "run") == []
+
+
+def test_a_block_size_longer_than_the_init_from_models_is_refused(tmp_path, trained, root):
+    argv = tiny_args(
+        tmp_path, root, "--dataset", "mixed", "--init-from", trained, "--block-size", 64
+    )
+    line = one_error_line(in_process(train.main, *argv))
+    assert line == "error: --block-size 64 is longer than the model's context (32); lower it"
+    assert written(tmp_path / "run") == []
+
+
+def test_a_vocab_size_below_the_tokenizers_is_refused(tmp_path, data_root):
+    line = one_error_line(
+        in_process(train.main, *tiny_args(tmp_path, data_root, "--vocab-size", 10))
+    )
+    assert line == (
+        "error: the model's vocabulary (10) is smaller than its tokenizer's (65); "
+        "raise --vocab-size"
+    )
+    assert written(tmp_path / "run") == []
+
+
+def test_tokens_per_step_not_a_multiple_is_refused(tmp_path, data_root):
+    line = one_error_line(
+        in_process(train.main, *tiny_args(tmp_path, data_root, "--tokens-per-step", 100))
+    )
+    assert line == (
+        "error: --tokens-per-step 100 is not a multiple of batch_size x block_size x "
+        "processes (128)"
+    )
+    assert written(tmp_path / "run") == []
+
+
+def limit_memory():
+    """In the child: 4 GiB of address space, far below what the model would take."""
+    resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+
+def test_a_model_that_cannot_fit_is_refused_before_it_is_made(tmp_path, data_root):
+    argv = [
+        "--config",
+        "small",
+        "--device",
+        "cpu",
+        "--data-root",
+        data_root,
+        "--block-size",
+        100000,
+    ]
+    proc = script("train.py", *argv, "--out-dir", tmp_path / "run", preexec_fn=limit_memory)
+    line = one_error_line(proc)
+    # its masks alone are 4 x 10 GB: made first, they would fail as the allocator's error
+    assert line.startswith("error: this run needs at least 14367.2 GiB, and ")
+    assert line.endswith(
+        "GiB of cpu memory is free; use a smaller --batch-size, --block-size or model"
+    )
+    assert written(tmp_path / "run") == []
+
+
+def test_a_fresh_run_over_a_trained_one_is_refused(trained, root):
+    before = contents(trained)
+    line = one_error_line(
+        in_process(train.main, *tiny_args(trained.parent, root, "--dataset", "mixed"))
+    )
+    assert line == (
+        f"error: {trained} holds a trained run; continue it with --resume, or start another "
+        "with --out-dir"
+    )
+    assert contents(trained) == before
+
+
+def test_a_run_folder_of_other_files_is_refused_and_left_as_it_was(tmp_path, data_root):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    (folder / "data.csv").write_text("1,2")
+    (folder / "metrics.jsonl").write_text("a run's name, the user's file")
+    line = one_error_line(in_process(train.main, *tiny_args(tmp_path, data_root)))
+    assert (
+        line == f"error: {folder} holds files no run wrote (data.csv, notes.txt); "
+        "pick another --out-dir"
+    )
+    assert written(folder) == ["data.csv", "metrics.jsonl", "notes.txt"]
+    assert (folder / "metrics.jsonl").read_text() == "a run's name, the user's file"
+    assert (folder / "notes.txt").read_text() == "mine"
+
+
+def test_a_second_run_on_a_run_folder_in_use_is_refused(tmp_path, data_root):
+    (tmp_path / "run").mkdir()
+    with open(tmp_path / "run" / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the first run holds it
+        line = one_error_line(in_process(train.main, *tiny_args(tmp_path, data_root)))
+    assert line == (
+        f"error: {tmp_path / 'run'} is in use by another run; wait for it, "
+        "or pick another --out-dir"
+    )
+    assert written(tmp_path / "run") == []
+
+
+@pytest.fixture
+def entry(monkeypatch):
+    """configs.run as a script calls it, in this process: it sets SIGPIPE's default, which pytest
+    must get back; its exit status is returned."""
+    monkeypatch.delenv("RANK", raising=False)
+    sigpipe = signal.getsignal(signal.SIGPIPE)
+
+    def call(main) -> int:
+        try:
+            with pytest.raises(SystemExit) as e:
+                run(main)
+        finally:
+            signal.signal(signal.SIGPIPE, sigpipe)
+        return e.value.code
+
+    return call
+
+
+def error_lines(capsys) -> list[str]:
+    """stderr's `error` lines (tqdm's bar is there too), and no traceback."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return [line for line in err.splitlines() if line.startswith("error")]
+
+
+def fail_forward(monkeypatch, error: Exception):
+    def forward(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(GPT, "forward", forward)
+
+
+def test_out_of_memory_is_one_line(tmp_path, data_root, monkeypatch, capsys, entry):
+    oom = "CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.1 GiB total)\nSee the docs"
+    fail_forward(monkeypatch, torch.OutOfMemoryError(oom))
+    assert entry(lambda: train.train(tiny(tmp_path, data_root))) == 2
+    assert error_lines(capsys) == [
+        "error: out of memory; use a smaller --batch-size or model: CUDA out of memory. "
+        "Tried to allocate 20.00 GiB (GPU 0; 79.1 GiB total)"
+    ]
+
+
+def test_the_cpu_allocators_failure_is_out_of_memory_too(
+    tmp_path, data_root, monkeypatch, capsys, entry
+):
+    cpu = (
+        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 10000000000 bytes. Error code 12 (Cannot allocate memory)"
+    )
+    fail_forward(monkeypatch, RuntimeError(cpu))
+    assert entry(lambda: train.train(tiny(tmp_path, data_root))) == 2
+    assert error_lines(capsys) == [
+        f"error: out of memory; use a smaller --batch-size or model: {cpu}"
+    ]
+
+
+def test_another_runtime_error_keeps_its_traceback(tmp_path, data_root, monkeypatch, capsys):
+    fail_forward(monkeypatch, RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    sigpipe = signal.getsignal(signal.SIGPIPE)
+    try:
+        with pytest.raises(RuntimeError, match="mat1 and mat2"):
+            run(lambda: train.train(tiny(tmp_path, data_root)))
+    finally:
+        signal.signal(signal.SIGPIPE, sigpipe)
+    assert "error:" not in capsys.readouterr().err
+
+
+def test_a_user_error_on_another_rank_is_not_printed(monkeypatch, capsys, entry):
+    from configs import UserError
+
+    def main():
+        raise UserError("every process finds it\nand a second line")
+
+    assert entry(main) == 2
+    assert capsys.readouterr().err == "error: every process finds it\n"
+    monkeypatch.setenv("RANK", "1")
+    assert entry(main) == 2
+    assert capsys.readouterr().err == ""
+
+
+def test_ctrl_c_exits_130(capsys, entry):
+    def main():
+        raise KeyboardInterrupt
+
+    assert entry(main) == 130
+    assert capsys.readouterr().err == "\ninterrupted\n"
+
+
+def test_sample_into_head_ends_quietly(trained):
+    command = shlex.join(
+        [sys.executable, "sample.py", "--out-dir", str(trained), "--prompt", r"ROMEO\n"]
+        + ["--max-new-tokens", "5000", "--seed", "1", "--device", "cpu"]
+    )
+    done = subprocess.run(
+        ["bash", "-c", f"{command} | head -1; echo status ${{PIPESTATUS[0]}}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # head left after its line; the next write ended sample.py by SIGPIPE (128 + 13), quietly
+    assert done.stdout == "ROMEO\nstatus 141\n", done.stderr
+    assert "Broken pipe" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_text_the_terminal_cannot_encode_is_escaped(trained):
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    argv = ["--out-dir", trained, "--prompt", "é☃", "--max-new-tokens", 40, "--seed", 1]
+    done = script("sample.py", *argv, "--device", "cpu", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("\\xe9\\u2603") and done.stdout.isascii()
+
+
+def test_a_mistake_every_process_finds_is_printed_once_under_torchrun(tmp_path, data_root):
+    argv = tiny_args(tmp_path, data_root, "--tokens-per-step", 100)
+    done = script(
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "train.py",
+        *argv,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: --tokens-per-step 100 is not a multiple of batch_size x block_size x "
+        "processes (256)"
+    ], done.stderr[-3000:]
+    assert done.stdout.startswith("cpu, 1 thread, 2 processes, ")
+    assert written(tmp_path / "run") == []
+
+
+def test_sample_without_a_checkpoint_names_the_train_command(tmp_path):
+    line = one_error_line(in_process(sample.main, "--out-dir", tmp_path / "none"))
+    assert line == (
+        f"error: no checkpoint at {tmp_path / 'none'}; train one first "
+        "(python train.py --config small writes out/small)"
+    )
+
+
+def test_a_prompt_with_characters_the_model_lacks_is_one_line_naming_them(trained):
+    proc = in_process(sample.main, "--out-dir", trained, "--prompt", "ROMEO: Ωμ", "--device", "cpu")
+    line = one_error_line(proc)
+    vocab = len(set(MIXED))
+    assert line == f"error: prompt 'ROMEO: Ωμ': 'Ωμ': not in this model's {vocab} characters"
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--num-samples", "0"], "--num-samples, --top-k: at least 1"),
+        (["--max-new-tokens", "-1"], "--max-new-tokens, --temperature"),
+        (["--top-p", "1.5"], "--top-p: above 0, at most 1"),
+        (["--stop", ""], "--stop: some text"),
+    ],
+)
+def test_sample_refuses_bad_options_before_loading(tmp_path, argv, message):
+    # the folder has no checkpoint: the options are refused first
+    line = one_error_line(in_process(sample.main, "--out-dir", tmp_path, *argv))
+    assert line.startswith("error: ") and message in line

@@ -1,167 +1,327 @@
-"""HellaSwag-style evaluation: our log-likelihoods and accuracies against transformers' GPT-2, bad items, and the
-commands that score it (--eval-only --hellaswag, and --hellaswag-interval during training)."""
+"""training/hellaswag.py: its items, its scores against transformers, and train.py's --hellaswag.
+
+Items are read from a .jsonl file, a bad line named by its number; the scores equal those of
+transformers' logits, on one process or two; train.py scores at eval-only and during training.
+"""
 
 import json
-from unittest import mock
+import os
 
 import pytest
 import torch
+from conftest import ROOT, hf_tiny, script, tiny
 
 import train
-from configs.errors import UserError
-from configs.model import GPTConfig
+from configs import UserError
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
-from model.gpt import GPT
-from model.hf import save_hf_gpt2
+from model.checkpoint import load_checkpoint, model_from
+from model.hf import load_gpt2
 from training import hellaswag
-from training.runtime import setup
+from training.runtime import Runtime
 
-GPT2_SHAPE = dict(pos_emb="learned", norm="layernorm", activation="gelu", bias=True, qk_norm=False, tie_weights=True)
-ITEMS = [  # the last context is longer than the test model's block, so its left is cut
-    {"ind": 4, "ctx": "A man is sitting on a roof. He", "label": 3,
-     "endings": ["is using wrap to wrap a pair of skis.", "is ripping level tiles off.",
-                 "is holding a rubik's cube.", "starts pulling up roofing on a roof."]},
-    {"ind": 9, "ctx": "The woman pours water into the kettle and", "label": "0",
-     "endings": ["switches it on.", "throws it out of the window.", "eats the kettle.", "sings to the water."]},
-    {"ind": 11, "ctx": "Two dogs run across the field " * 6 + "and then", "label": 2,
-     "endings": ["they stop.", "they fly to the moon on a bicycle made of cheese.", "they play.", "a b c d"]},
-]
+CHARS = "".join(sorted(set((ROOT / "data/corpora/tinyshakespeare/input.txt").read_text())))
+TOK = CharTokenizer(CHARS)
+CPU = Runtime("cpu", torch.float32)
+ITEM = {
+    "ind": 4,
+    "ctx": "A man is sitting on a roof. He",
+    "endings": [
+        "is using wrap to wrap a pair of skis.",
+        "is ripping level tiles off.",
+        "is holding a rubik's cube.",
+        "starts pulling up roofing on a roof.",
+    ],
+    "label": 3,
+}
+
+
+def write_lines(path, *lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
 
 
 def write_items(path, items):
-    path.write_text("".join(json.dumps(item) + "\n" for item in items))
-    return path
+    return write_lines(path, *map(json.dumps, items))
 
 
-def reference_loglik(hf, ctx, end, block):
-    """transformers' GPT-2 alone: the ending's summed log-probability, with the context cut on the left to fit."""
-    ids = (ctx + end)[-(block + 1):]
-    n = min(len(end), len(ids) - 1)
-    logp = torch.log_softmax(hf(torch.tensor([ids[:-1]])).logits[0].double(), -1)  # (T, V)
-    return sum(logp[t, ids[t + 1]].item() for t in range(len(ids) - 1 - n, len(ids) - 1)), n
+# ------------------------------------------------------------------ load_items
 
 
-def test_log_likelihoods_and_accuracies_match_transformers(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    # a padded vocabulary, as the gpt2 preset's: its extra logits must not count, and the export drops them
-    ours = GPT(GPTConfig(vocab_size=50304, block_size=24, n_layer=2, n_head=2, n_embd=16, dropout=0.0,
-                         **GPT2_SHAPE)).eval()
-    save_hf_gpt2(ours, tmp_path / "hf", vocab_size=50257)
-    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
-    tok = GPT2Tokenizer()
-    items = hellaswag.load_items(str(write_items(tmp_path / "items.jsonl", ITEMS)), tok)
-    assert any(len(ctx) + max(map(len, ends)) > 25 for ctx, ends, _ in items)  # the left cut is exercised
-    assert items[0][:2] == (tok.encode(ITEMS[0]["ctx"]), [tok.encode(" " + e) for e in ITEMS[0]["endings"]])
-
-    pairs = [(ctx, end) for ctx, ends, _ in items for end in ends]
-    rt = setup(device="cpu", dtype="float32", seed=None)
-    rt.threads = mock.Mock()  # scoring adjusts the CPU threads once per batch, as evaluate() does
-    total, count = hellaswag.ending_loglik(ours, pairs, 50257, rt)
-    with torch.no_grad():
-        expected = [reference_loglik(hf, ctx, end, 24) for ctx, end in pairs]
-    assert count.tolist() == [n for _, n in expected]
-    torch.testing.assert_close(total.double(), torch.tensor([s for s, _ in expected], dtype=torch.double),
-                               atol=1e-4, rtol=0)
-
-    sums = torch.tensor([s for s, _ in expected]).view(-1, 4)
-    per_token = sums / torch.tensor([n for _, n in expected]).view(-1, 4)
-    labels = torch.tensor([label for *_, label in items])
-    for batch_rows in (4, 8):  # one item a batch, and two
-        assert hellaswag.score(ours, items, 50257, rt, batch_rows) == {
-            "hellaswag_acc": (sums.argmax(1) == labels).float().mean().item(),
-            "hellaswag_acc_norm": (per_token.argmax(1) == labels).float().mean().item(), "hellaswag_items": 3}
-    assert rt.threads.update.call_count == 1 + 3 + 2
+@pytest.mark.parametrize("tok", [TOK, GPT2Tokenizer()], ids=["char", "gpt2"])
+def test_load_items_reads_each_line_with_its_endings_after_a_space(tmp_path, tok):
+    second = {"ctx": "ROMEO: I will", "endings": ["go.", "stay.", "love.", "speak."], "label": "1"}
+    path = write_items(tmp_path / "items.jsonl", [ITEM, second])
+    assert hellaswag.load_items(path, tok) == [
+        (tok.encode(ITEM["ctx"]), [tok.encode(" " + e) for e in ITEM["endings"]], 3),
+        (tok.encode("ROMEO: I will"), [tok.encode(" " + e) for e in second["endings"]], 1),
+    ]
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"endings": ["a", "b", "c"]}, "needs four non-empty endings"),
-    ({"endings": ["a", "", "c", "d"]}, "needs four non-empty endings"),
-    ({"ctx": ""}, "needs a non-empty ctx, has ''"),
-    ({"ctx": None}, "needs a non-empty ctx, has None"),
-    ({"label": 4}, "label 4 is not 0, 1, 2 or 3"),
-    ({"label": None}, "label None is not 0, 1, 2 or 3"),
-])
-def test_a_bad_item_is_one_line_naming_it(tmp_path, change, message):
-    path = write_items(tmp_path / "items.jsonl", [ITEMS[0], ITEMS[1] | change])
-    with pytest.raises(UserError, match=f"^HellaSwag item 1 \\(ind 9\\): {message}"):
-        hellaswag.load_items(str(path), GPT2Tokenizer())
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        ("{not json", "not a HellaSwag item (Expecting property name enclosed in double quotes"),
+        (json.dumps({k: v for k, v in ITEM.items() if k != "ctx"}), "not a HellaSwag item ('ctx')"),
+        (json.dumps(ITEM | {"label": "x"}), "not a HellaSwag item (invalid literal for int()"),
+        (json.dumps(ITEM | {"label": None}), "not a HellaSwag item (int() argument must be"),
+        (json.dumps(ITEM | {"ctx": "Señor"}), "not a HellaSwag item ('ñ': not in this model's"),
+        ("", "not a HellaSwag item (Expecting value: line 1 column 1 (char 0))"),
+        (json.dumps(ITEM | {"endings": ITEM["endings"][:3]}), "a HellaSwag item has four endings"),
+        (json.dumps(ITEM | {"endings": ITEM["endings"] * 2}), "a HellaSwag item has four endings"),
+        (json.dumps(ITEM | {"label": 7}), "four endings and a label from 0 to 3"),
+        (json.dumps(ITEM | {"label": 4}), "four endings and a label from 0 to 3"),
+        (json.dumps(ITEM | {"label": -1}), "four endings and a label from 0 to 3"),
+    ],
+    ids=[
+        "bad json",
+        "no ctx",
+        "label x",
+        "label null",
+        "unknown char",
+        "blank",
+        "three endings",
+        "eight endings",
+        "label 7",
+        "label 4",
+        "label -1",
+    ],
+)
+def test_a_bad_line_is_one_line_naming_its_number(tmp_path, line, says):
+    path = write_lines(tmp_path / "items.jsonl", json.dumps(ITEM), json.dumps(ITEM), line)
+    with pytest.raises(UserError) as e:
+        hellaswag.load_items(path, TOK)
+    assert str(e.value).startswith(f"--hellaswag {path}, line 3: ")
+    assert says in str(e.value) and "\n" not in str(e.value)
 
 
-def test_text_a_char_model_cannot_encode_names_the_item(tmp_path):
-    with pytest.raises(UserError, match="^HellaSwag item 0 \\(ind 4\\): text has .* not in this char vocabulary"):
-        hellaswag.load_items(str(write_items(tmp_path / "items.jsonl", ITEMS)), CharTokenizer(list(" abc")))
+def test_labels_from_0_to_3_are_taken(tmp_path):
+    path = write_items(tmp_path / "items.jsonl", [ITEM | {"label": k} for k in range(4)])
+    assert [label for *_, label in hellaswag.load_items(path, TOK)] == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("name", ["nope.jsonl", "nope.json"])
-def test_a_missing_file_names_the_command_that_fetches_it(tmp_path, name):
-    with pytest.raises(UserError, match=f"no file {tmp_path}/{name}; fetch .* with `curl -LO https://"):
-        hellaswag.load_items(str(tmp_path / name), GPT2Tokenizer())
+def test_an_empty_file_is_one_line(tmp_path):
+    path = write_lines(tmp_path / "items.jsonl")
+    with pytest.raises(UserError) as e:
+        hellaswag.load_items(path, TOK)
+    assert str(e.value) == f"--hellaswag {path} holds no items"
 
 
-@pytest.mark.parametrize("text", ["not json\n", ""])
-def test_a_file_that_is_not_json_lines_is_one_line_naming_it(tmp_path, text):
-    (tmp_path / "items.jsonl").write_text(text)
-    with pytest.raises(UserError, match=f"HellaSwag file {tmp_path}/items.jsonl: .*; check that it is JSON Lines$"):
-        hellaswag.load_items(str(tmp_path / "items.jsonl"), GPT2Tokenizer())
+@pytest.mark.parametrize("kind", ["missing", "folder", "not utf-8"])
+def test_a_missing_or_unreadable_file_is_one_line_saying_where_to_get_one(tmp_path, kind):
+    path = tmp_path / "items.jsonl"
+    if kind == "folder":
+        path.mkdir()
+    if kind == "not utf-8":
+        path.write_bytes(b'{"ctx": "\xff"}\n')
+    with pytest.raises(UserError) as e:
+        hellaswag.load_items(str(path), TOK)
+    message = str(e.value)
+    assert message.startswith(f"--hellaswag {path}: ") and "\n" not in message
+    assert message.endswith(
+        "; give a HellaSwag .jsonl file (training/hellaswag.py says where to get one)"
+    )
+
+
+# ------------------------------------------------------------------ score
+
+
+def random_items(n: int, seed: int = 0):
+    """n items of random ids below 37; contexts of 1 to 40 tokens (block_size is 24), endings of
+    1 to 8; one context of 26 or more, and one ending of 30 tokens, longer than the block itself."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ids(low, high):
+        return torch.randint(
+            0, 37, (int(torch.randint(low, high + 1, (), generator=g)),), generator=g
+        ).tolist()
+
+    items = [(ids(1, 40), [ids(1, 8) for _ in range(4)], k % 4) for k in range(n)]
+    items[1][1][2] = ids(30, 30)
+    items[2][0].extend(ids(25, 25))  # a context longer than the block
+    return items
+
+
+@torch.no_grad()
+def reference(hf, items, block: int, vocab: int):
+    """Each ending's summed log-likelihood and its token count, by transformers' logits of the
+    last block_size + 1 tokens of the context and the ending."""
+    sums, counts = [], []
+    for ctx, ends, _ in items:
+        for end in ends:
+            row = (ctx + end)[-(block + 1) :]
+            n = min(len(end), len(row) - 1)
+            logp = hf(torch.tensor([row[:-1]])).logits[0, :, :vocab].log_softmax(-1)
+            sums.append(
+                sum(logp[t, row[t + 1]].item() for t in range(len(row) - 1 - n, len(row) - 1))
+            )
+            counts.append(n)
+    return torch.tensor(sums).view(-1, 4), torch.tensor(counts).view(-1, 4)
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    """A random transformers GPT-2 of 40 ids, of which the items' tokenizer has 37."""
+    folder = tmp_path_factory.mktemp("hf")
+    hf = hf_tiny(vocab=40)
+    with torch.no_grad():  # sharper; and ids 37 to 39, which no item holds, likelier than any
+        for p in hf.parameters():
+            p.mul_(3 if p.dim() == 2 else 1)
+        hf.transformer.wte.weight[37:] *= 10  # tied: the head's rows
+    hf.save_pretrained(folder)
+    return folder
+
+
+def scores(picks: torch.Tensor, labels: list[int]) -> float:
+    return sum(int(p) == label for p, label in zip(picks, labels)) / len(labels)
+
+
+def test_score_equals_transformers_log_likelihoods_by_hand(hf_folder):
+    hf = transformers_model(hf_folder)
+    items = random_items(24)
+    assert sum(len(ctx) + len(max(ends, key=len)) > 25 for ctx, ends, _ in items) >= 8  # cut
+    sums, counts = reference(hf, items, 24, 37)
+    by_sum, by_token = sums.argmax(1), (sums / counts).argmax(1)
+    assert (by_sum != by_token).sum() >= 2  # the two scores disagree somewhere
+    top2 = torch.cat([sums, sums / counts]).topk(2).values
+    assert (top2[:, 0] - top2[:, 1]).min() > 1e-3  # no near ties to turn on rounding
+    # dropout 0.5: scoring must be in eval mode, or the picks would be noise
+    ours, _ = load_gpt2(str(hf_folder), dropout=0.5)
+    for labels in by_sum.tolist(), by_token.tolist(), [k % 4 for k in range(24)]:
+        labelled = [(ctx, ends, label) for (ctx, ends, _), label in zip(items, labels)]
+        assert hellaswag.score(ours, labelled, CPU, 8, 37) == {
+            "hellaswag_acc": scores(by_sum, labels),
+            "hellaswag_acc_norm": scores(by_token, labels),
+            "hellaswag_items": 24,
+        }
+        assert ours.training  # the model goes back to training
+    assert scores(by_sum, by_token.tolist()) < 1
+
+
+def transformers_model(folder):
+    import transformers
+
+    return transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+
+
+def test_the_batch_size_does_not_change_the_scores(hf_folder):
+    ours, _ = load_gpt2(str(hf_folder))
+    items = random_items(9, seed=1)
+    results = [hellaswag.score(ours, items, CPU, size, 37) for size in (1, 4, 7, 8, 12, 100)]
+    assert results[0]["hellaswag_items"] == 9
+    assert all(result == results[0] for result in results)
+
+
+DDP_SCRIPT = """
+import json, sys
+import torch
+from model.hf import load_gpt2
+from training import hellaswag
+from training.runtime import Runtime
+
+torch.distributed.init_process_group("gloo")
+rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+model, _ = load_gpt2(sys.argv[1])
+items = [tuple(item) for item in json.loads(open(sys.argv[2]).read())]
+result = hellaswag.score(model, items, Runtime("cpu", torch.float32, False, rank, rank, world_size),
+                         8, 37)
+with open(f"{sys.argv[2]}.{rank}", "w") as f:  # a file each: two processes' prints can interleave
+    f.write(json.dumps([rank, world_size, result]))
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_two_ddp_processes_give_the_counts_of_one(hf_folder, tmp_path):
+    items = random_items(9, seed=2)  # the ranks take 5 and 4
+    ours, _ = load_gpt2(str(hf_folder))
+    alone = hellaswag.score(ours, items, CPU, 8, 37)
+    (tmp_path / "items.json").write_text(json.dumps(items))
+    (tmp_path / "score.py").write_text(DDP_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = script(
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        2,
+        tmp_path / "score.py",
+        hf_folder,
+        tmp_path / "items.json",
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = [json.loads((tmp_path / f"items.json.{rank}").read_text()) for rank in (0, 1)]
+    assert printed == [[0, 2, alone], [1, 2, alone]]  # each process has the sum of both
+    assert alone["hellaswag_items"] == 9 and 0 < alone["hellaswag_acc"] < 1
+
+
+# ------------------------------------------------------------------ train.py --hellaswag
 
 
 def char_items(tmp_path):
-    """Items in tinyshakespeare's characters, for the char-level tiny model."""
-    items = [{"ind": i, "ctx": "ROMEO: I will", "label": i % 4,
-              "endings": ["go.", "stay here.", "love thee.", "speak, my lord."]} for i in range(5)]
+    items = [
+        {
+            "ctx": "ROMEO: I will",
+            "endings": ["go.", "stay here.", "love thee.", "speak."],
+            "label": k % 4,
+        }
+        for k in range(5)
+    ]
+    items[1]["ctx"] = "JULIET: " * 5 + "O"  # longer than the block: its left is cut
     return write_items(tmp_path / "items.jsonl", items)
 
 
-def run_args(out_dir, data_root, *extra):
-    return ["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--max-iters", "4", "--eval-interval", "2",
-            "--out-dir", str(out_dir), "--data-root", str(data_root), *extra]
-
-
-def test_eval_only_prints_both_accuracies_and_the_item_count(tmp_path, data_root, capsys):
-    assert train.main(run_args(tmp_path / "run", data_root)) == 0
+def test_eval_only_prints_hellaswag_acc_acc_norm_and_items(tmp_path, data_root, capsys):
+    path = char_items(tmp_path)
+    train.train(tiny(tmp_path, data_root, max_iters=2, threads=1))
     capsys.readouterr()
-    items = char_items(tmp_path)
-    assert train.main(run_args(tmp_path / "run", data_root, "--eval-only", "--hellaswag", str(items))) == 0
-    out = capsys.readouterr().out
-    assert "perplexity" in out
-    line = next(line for line in out.splitlines() if line.startswith("hellaswag"))
-    words = line.split()
-    acc, acc_norm = float(words[words.index("acc") + 1]), float(words[words.index("acc_norm") + 1])
-    assert 0 <= acc <= 1 and 0 <= acc_norm <= 1 and line.endswith("items 5")
+    result = train.train(
+        tiny(tmp_path, data_root, eval_only=True, hellaswag=path, threads=1, dtype="float32")
+    )
+    model = model_from(load_checkpoint(tmp_path / "run"))
+    expected = hellaswag.score(model, hellaswag.load_items(path, TOK), CPU, 4, 65)
+    assert expected["hellaswag_items"] == 5
+    assert {k: result[k] for k in expected} == expected
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if "hellaswag" in line] == [
+        f"  hellaswag_acc {expected['hellaswag_acc']:.4f}",
+        f"  hellaswag_acc_norm {expected['hellaswag_acc_norm']:.4f}",
+        "  hellaswag_items 5",
+    ]
 
 
-@pytest.mark.parametrize("interval, steps", [([], [0, 2, 4]), (["--hellaswag-interval", "4"], [0, 4])])
-def test_training_scores_it_at_every_eval_or_every_interval_into_the_metrics(tmp_path, data_root, capsys, interval,
-                                                                               steps):
-    items = char_items(tmp_path)
-    assert train.main(run_args(tmp_path / "run", data_root, "--hellaswag", str(items), *interval)) == 0
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    scored = [r["step"] for r in records if "hellaswag_acc_norm" in r]
-    assert scored == steps and all(r["hellaswag_items"] == 5 for r in records if "hellaswag_acc" in r)
-    assert "hellaswag acc_norm" in capsys.readouterr().out
+@pytest.mark.parametrize("interval, scored", [(0, [0, 2, 4, 6]), (4, [0, 4])])
+def test_training_scores_hellaswag_at_each_eval_or_at_its_interval(
+    tmp_path, data_root, interval, scored
+):
+    path = char_items(tmp_path)
+    cfg = tiny(
+        tmp_path,
+        data_root,
+        max_iters=6,
+        eval_interval=2,
+        hellaswag=path,
+        hellaswag_interval=interval,
+        threads=1,
+    )
+    train.train(cfg)
+    records = [
+        json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+    ]
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evals] == [0, 2, 4, 6]
+    assert [r["step"] for r in evals if "hellaswag_acc" in r] == scored
+    assert all(
+        r["hellaswag_items"] == 5 and "hellaswag_acc_norm" in r
+        for r in evals
+        if r["step"] in scored
+    )
+    assert not any("hellaswag_acc" in r for r in records if "val_loss" not in r)
 
 
-@pytest.mark.parametrize("extra", [["--hellaswag-interval", "3"], ["--hellaswag-interval", "2"]])
-def test_an_interval_off_the_eval_steps_or_without_items_is_refused(tmp_path, data_root, capsys, extra):
-    assert train.main(run_args(tmp_path / "run", data_root, *extra)) == 2
-    assert "--hellaswag-interval scores --hellaswag SOURCE at eval steps" in capsys.readouterr().err
-
-
-def test_a_hub_id_offline_names_the_command_that_fetches_it_and_a_cached_one_is_read(monkeypatch, network_calls):
-    datasets = pytest.importorskip("datasets")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # as without HF_HUB_OFFLINE=1
-    with pytest.raises(UserError, match=r"hub dataset 'Rowan/hellaswag'.*offline, fetch .* with `curl -LO https://"):
-        hellaswag.load_items("Rowan/hellaswag", GPT2Tokenizer())
-    asked = []  # when the hub is away, datasets is asked for its cached copy of the validation split
-
-    def cached(name, subset, **kwargs):
-        asked.append((name, kwargs["split"]))
-        return datasets.Dataset.from_list([item | {"label": str(item["label"])} for item in ITEMS[:2]])
-
-    monkeypatch.setattr(datasets, "load_dataset", cached)
-    assert [label for *_, label in hellaswag.load_items("Rowan/hellaswag", GPT2Tokenizer())] == [3, 0]
-    assert asked == [("Rowan/hellaswag", "validation")]
-    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: datasets.Dataset.from_list([]))
-    with pytest.raises(UserError, match="^--hellaswag Rowan/hellaswag holds no items; fetch"):
-        hellaswag.load_items("Rowan/hellaswag", GPT2Tokenizer())
+def test_training_reads_the_items_again_at_each_eval(tmp_path, data_root, monkeypatch):
+    path = char_items(tmp_path)
+    reads = []
+    load = hellaswag.load_items
+    monkeypatch.setattr(hellaswag, "load_items", lambda *a: reads.append(a[0]) or load(*a))
+    train.train(tiny(tmp_path, data_root, max_iters=4, eval_interval=2, hellaswag=path, threads=1))
+    assert reads == [path] * 3

@@ -1,119 +1,193 @@
-"""The house: the design card's top level, imports that only go down, short functions, one job a module."""
+"""The house: the card's top level, one-way imports, optional parts loaded when asked, size."""
 
 import ast
-import functools
 import os
 from pathlib import Path
 
 import pathspec
 
+from benchmarks import size
+
 ROOT = Path(__file__).resolve().parent.parent
-TOP = {"model", "train.py", "sample.py", "data", "configs", "tests", "requirements.txt",  # the design card's
-       "README.md", "requirements-dev.txt", "pytest.ini", "docs", "benchmarks", "training",  # and what serves it
-       ".ci", ".gitignore"}
-# Each package imports only those below it: configs (settings, the command line, UserError) at the
-# bottom, then data, the model, the training machinery, the scripts; benchmarks time the scripts' steps.
-FLOORS = {"configs": 0, "data": 1, "model": 2, "training": 3, "benchmarks": 5}
-SCRIPT_FLOOR = 4
+TOP = {
+    "model",
+    "train.py",
+    "sample.py",
+    "data",
+    "configs",
+    "tests",
+    "requirements.txt",  # the card's
+    "README.md",
+    "requirements-dev.txt",
+    "pytest.ini",
+    "pyproject.toml",
+    "docs",
+    "benchmarks",
+    "training",
+    ".ci",
+    ".gitignore",
+}
+# Modules of features a flag asks for: nothing imports them at its top, so a plain run never loads
+# them, and each can be deleted with its flag.
+OPTIONAL = {
+    "model.hf": "--init-from a GPT-2, python -m model.hf export",
+    "model.textbook": "the write-ups' attention: the tests' oracle",
+    "model.compiled": "sample.py --compile",
+    "training.hellaswag": "--hellaswag",
+    "training.tracking": "--wandb",
+    "data.sources": "data.prepare --files, --hf, folders",
+}
 
 
 def tracked() -> list[str]:
-    """The project's files: the tree less what .gitignore ignores, as `git ls-files --cached --others
-    --exclude-standard` lists them, without asking git: a release archive has no .git, and a copy inside
-    another repository would get that one's answer."""
-    rules = [".git", *(ROOT / ".gitignore").read_text().splitlines()]  # a folder, or in a worktree a file
-    if (exclude := ROOT / ".git" / "info" / "exclude").is_file():  # a checkout's own ignores, as git reads them
-        rules += exclude.read_text().splitlines()
+    """The project's files: the tree less what .gitignore ignores, as git would list them, without
+    asking git (a release archive has no .git)."""
+    rules = [".git", *(ROOT / ".gitignore").read_text().splitlines()]
     ignored = pathspec.GitIgnoreSpec.from_lines(rules)
     files = []
     for folder, subfolders, names in os.walk(ROOT):
         rel = Path(folder).relative_to(ROOT)
-        subfolders[:] = [d for d in subfolders if not ignored.match_file(f"{(rel / d).as_posix()}/")]  # not .venv's
-        files += [(rel / name).as_posix() for name in names if not ignored.match_file((rel / name).as_posix())]
+        subfolders[:] = [
+            d for d in subfolders if not ignored.match_file(f"{(rel / d).as_posix()}/")
+        ]
+        files += [
+            (rel / n).as_posix() for n in names if not ignored.match_file((rel / n).as_posix())
+        ]
     return sorted(files)
 
 
 def modules() -> dict[str, Path]:
-    """Dotted name -> file, for every Python file of the project outside tests/."""
-    out = {}
-    for name in tracked():
-        if name.endswith(".py") and not name.startswith("tests/"):
-            out[name[:-3].replace("/", ".").removesuffix(".__init__")] = ROOT / name
-    return out
+    """Dotted name -> file, for every product module (outside tests/ and benchmarks/)."""
+    return {
+        name[:-3].replace("/", ".").removesuffix(".__init__"): ROOT / name
+        for name in tracked()
+        if name.endswith(".py") and not name.startswith(("tests/", "benchmarks/"))
+    }
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node, except what sits under `if TYPE_CHECKING:` (annotations only: no import at run time)."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
-            continue
-        yield node
-        yield from _runtime_nodes(node)
-
-
-@functools.cache
-def imports() -> dict[str, set[str]]:
-    """Module -> the project modules it imports (a package's __init__ when a name comes from it)."""
-    mods, graph = modules(), {}
-    for name, path in mods.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        found = set()
-        for node in _runtime_nodes(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                found |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-                subs = {f"{base}.{alias.name}" for alias in node.names} & mods.keys()
-                found |= subs or {base}
-        graph[name] = {m for m in found if m in mods and m != name}
-    return graph
-
-
-def floor(module: str) -> int:
-    top = module.split(".")[0]
-    if module.endswith("__main__") and top != "benchmarks":
-        return SCRIPT_FLOOR  # python -m model: a script inside its package
-    return FLOORS.get(top, SCRIPT_FLOOR)
+def imports(path: Path, top_only: bool = False) -> set[str]:
+    """The project modules a file imports (a package's __init__ for a name from it); with top_only,
+    only those its module level imports, which load whenever it does."""
+    mods, found = modules(), set()
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_only else ast.walk(tree)
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = f"{package}.{node.module}" if node.level else node.module
+            base = base.rstrip(".") if node.module else package
+            subs = {f"{base}.{alias.name}" for alias in node.names} & mods.keys()
+            found |= subs or {base}
+    return {m for m in found if m in mods}
 
 
 def test_the_top_level_is_the_design_cards():
     assert {name.split("/")[0] for name in tracked()} == TOP
 
 
-def test_imports_only_go_down_and_model_imports_nothing_from_training():
-    upward = [(a, b) for a, targets in imports().items() for b in targets
-              if a.split(".")[0] != b.split(".")[0] and floor(b) >= floor(a)]
-    assert upward == []
+def test_no_import_circle_when_modules_load_and_the_model_stands_alone():
+    """A module's top-level imports load with it; an optional one, loaded by a function when its
+    flag asks, may import back (model.checkpoint loads model.hf for --init-from gpt2)."""
+    graph = {name: imports(path, top_only=True) - {name} for name, path in modules().items()}
+    order: list[str] = []
+
+    def visit(module, path=()):
+        assert module not in path, f"import circle: {' -> '.join((*path, module))}"
+        if module not in order:
+            for other in graph[module]:
+                visit(other, (*path, module))
+            order.append(module)
+
+    for module in graph:
+        visit(module)
+    assert graph["model.gpt"] == set()  # the network needs nothing of the project
+    assert not {m for m in graph if m.startswith("model")} & {
+        m for n in graph if n.startswith("model") for m in graph[n] if m.startswith("training")
+    }
+    assert not any(m.startswith("training") for m in graph["sample"])
 
 
-def test_no_import_circle_and_at_most_7_levels():
-    graph, depth, path = imports(), {}, []
-
-    def levels(module: str) -> int:  # the longest chain of imports from module down, counting module
-        assert module not in path, f"import circle: {' -> '.join(path[path.index(module):] + [module])}"
-        if module not in depth:
-            path.append(module)
-            depth[module] = 1 + max((levels(m) for m in graph[module]), default=0)
-            path.pop()
-        return depth[module]
-
-    # benchmarks time the scripts' own steps, so they stand above them: counted from the scripts down
-    deepest = max((m for m in graph if not m.startswith("benchmarks")), key=levels)
-    assert levels(deepest) <= 7, deepest
-    assert levels("train") <= 7 and levels("sample") <= 7 and max(map(levels, graph)) < 12
-
-
-def test_no_function_over_60_lines():
-    long = [f"{path.relative_to(ROOT)}:{node.name} {node.end_lineno - node.lineno + 1}"
-            for path in modules().values() for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60]
-    assert long == []
+def test_optional_features_are_imported_only_where_their_flag_asks():
+    top = {name: imports(path, top_only=True) for name, path in modules().items()}
+    assert [
+        (name, m)
+        for name, found in top.items()
+        for m in found & OPTIONAL.keys()
+        if name not in OPTIONAL
+    ] == []
 
 
 def test_every_module_says_its_one_job_in_its_first_line():
-    unsaid = [name for name, path in modules().items()
-              if not (doc := ast.get_docstring(ast.parse(path.read_text())) or "").strip()
-              or len(doc.splitlines()[0]) > 100 or not doc.splitlines()[0].endswith(".")]
+    unsaid = [
+        name
+        for name, path in modules().items()
+        if not (doc := ast.get_docstring(ast.parse(path.read_text())) or "").strip()
+        or len(doc.splitlines()[0]) > 100
+        or not doc.splitlines()[0].endswith(".")
+    ]
     assert unsaid == []
+
+
+def test_no_product_line_is_over_100_characters():
+    long = [
+        f"{name}:{i}"
+        for name, path in modules().items()
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if len(line) > 100
+    ]
+    assert long == []
+
+
+def test_no_function_but_train_is_over_100_lines():
+    """train() tells the run top to bottom; every other function stays a screen or so."""
+    long = [
+        f"{name}:{node.name}"
+        for name, path in modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef)
+        and node.end_lineno - node.lineno >= 100
+        and node.name != "train"
+    ]
+    assert long == []
+
+
+def test_no_object_carries_the_run_and_train_holds_at_most_four_context_managers():
+    """Besides the two config dataclasses, no class has more than 12 attributes; train() enters at
+    most four context managers with `with`, the ExitStack among them."""
+    wide = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name not in {"GPTConfig", "TrainConfig"}:
+                attrs = {t.target.id for t in node.body if isinstance(t, ast.AnnAssign)}
+                attrs |= {
+                    t.attr
+                    for t in ast.walk(node)
+                    if isinstance(t, ast.Attribute)
+                    and isinstance(t.ctx, ast.Store)
+                    and getattr(t.value, "id", "") == "self"
+                }
+                if len(attrs) > 12:
+                    wide.append(f"{name}.{node.name}: {len(attrs)}")
+    assert wide == []
+    tree = ast.parse((ROOT / "train.py").read_text())
+    train = next(n for n in tree.body if getattr(n, "name", "") == "train")
+    withs = [w for w in ast.walk(train) if isinstance(w, ast.With)]
+    assert len(withs) <= 4 and all(len(w.items) == 1 for w in withs)
+
+
+def test_the_code_and_what_the_two_commands_load_stay_under_issue_50s_token_limits():
+    product = size.product()
+    assert set(product) == {str(p.relative_to(ROOT)) for p in modules().values()}
+    assert sum(product.values()) <= size.LIMITS["product"]
+    for name, files in size.closures().items():
+        assert sum(product[f] for f in files) <= size.LIMITS[name], name
+
+
+def test_tokens_are_counted_without_comments_blank_lines_or_docstrings(tmp_path):
+    path = tmp_path / "x.py"
+    path.write_text(
+        '"""Doc."""\n\n# a comment\ndef f(a):\n    """Doc."""\n    return a + "b"  # c\n'
+    )
+    assert size.tokens(path) == len(["def", "f", "(", "a", ")", ":", "return", "a", "+", '"b"'])

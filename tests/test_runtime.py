@@ -1,179 +1,402 @@
-"""runtime.choose's decision table on faked machines, the CPU threads, and the first line that states them."""
+"""Where a run runs (training/runtime.py), decided on faked machines.
 
+setup()'s device, dtype, compile and threads; cpu_has_bf16, idle_cores and check_fits on faked
+/proc files; and the first line that train.py prints.
+
+Every test fakes what torch and Linux report, so that each kind of machine is decided here,
+whatever this one is; nothing touches a real GPU.
+"""
+
+import importlib.util
+import io
 import os
-import subprocess
-import sys
-from pathlib import Path
+import warnings
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import tiny
 
-from configs import load_config
-from configs.errors import UserError
-from training.runtime import CpuThreads, Machine, Runtime, attention_kernel, choose, cpu_times, probe
+import train
+from configs import UserError, load_config
+from model.gpt import GPTConfig
+from training import runtime
+from training.runtime import Runtime, check_fits, setup
 
-ROOT = Path(__file__).resolve().parent.parent
-
-A100 = Machine(gpu="NVIDIA A100-SXM4-80GB", capability=(8, 0), gpu_bf16=True, triton=True)
-T4 = Machine(gpu="Tesla T4", capability=(7, 5), triton=True)  # bf16 only emulated
-P100 = Machine(gpu="Tesla P100-PCIE-16GB", capability=(6, 0), triton=True)
-MAC = Machine(mps=True)
-ZEN4 = Machine(cpu_bf16=True)
-OLD_CPU = Machine()
+# The real functions, as imported before conftest's CPU_BF16 fixture can stand in for them.
+cpu_has_bf16, idle_cores = runtime.cpu_has_bf16, runtime.idle_cores
 
 
-def line(machine: Machine, **options) -> str:
-    p = choose(machine, compile=True, **options)
-    return Runtime(p, torch.amp.GradScaler("cpu", enabled=False)).describe()
+@pytest.fixture
+def machine(monkeypatch):
+    """A fake machine: the test sets what torch and the CPU report; setup() records what it asks."""
+    m = SimpleNamespace(
+        cuda=False,
+        gpu_bf16=False,
+        capability=(8, 0),
+        mps=False,
+        triton=True,
+        cpu_bf16=False,
+        idle=1,
+        idle_calls=0,
+        devices=[],
+        precision=[],
+    )
+    find_spec = importlib.util.find_spec
+
+    def find(name, *args):
+        return (object() if m.triton else None) if name == "triton" else find_spec(name, *args)
+
+    def idle():
+        m.idle_calls += 1
+        return m.idle
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: m.cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: m.gpu_bf16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: m.capability)
+    monkeypatch.setattr(torch.cuda, "set_device", m.devices.append)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    monkeypatch.setattr(torch.mps, "is_available", lambda: m.mps)
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", m.precision.append)
+    monkeypatch.setattr(importlib.util, "find_spec", find)
+    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: m.cpu_bf16)
+    monkeypatch.setattr(runtime, "idle_cores", idle)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    return m
 
 
-@pytest.mark.parametrize("machine, device, dtype, scaling, fused, compiled", [
-    (A100, "cuda:0", torch.bfloat16, False, True, True),
-    (T4, "cuda:0", torch.float16, True, True, True),
-    (P100, "cuda:0", torch.float32, False, True, False),
-    (MAC, "mps", torch.float32, False, False, False),
-    (ZEN4, "cpu", torch.bfloat16, False, True, True),
-    (OLD_CPU, "cpu", torch.float32, False, True, True),
-])
-def test_each_kind_of_machine_gets_its_row(machine, device, dtype, scaling, fused, compiled):
-    p = choose(machine, compile=True)
-    assert (p.device, p.dtype, p.loss_scaling, p.fused_adamw, p.compile) == (device, dtype, scaling, fused, compiled)
-    assert choose(machine).compile is False and choose(machine).compile_off == ""  # not asked: nothing to explain
+def cfg(**fields):
+    return replace(load_config("tiny"), **fields)
 
 
-def test_the_first_line_states_the_decisions_and_why_compile_is_off():
-    assert line(T4) == "cuda:0 Tesla T4 (capability 7.5), float16 + loss scaling, fused AdamW, compile on"
-    assert line(P100) == ("cuda:0 Tesla P100-PCIE-16GB (capability 6.0), float32, fused AdamW, "
-                          "compile off: capability 6.0 < 7.0, the oldest Triton compiles for")
-    assert line(MAC) == "mps, float32, AdamW (not fused), compile off: torch.compile's Metal backend is a prototype"
-    no_triton = Machine(gpu="NVIDIA GeForce RTX 4090", capability=(8, 9), gpu_bf16=True)  # e.g. Windows
-    assert line(no_triton).endswith("bfloat16, fused AdamW, compile off: Triton is not installed "
-                                    "(pip install triton; triton-windows on Windows)")
-    assert line(ZEN4, device="cpu") == "cpu with bf16 instructions, bfloat16, fused AdamW, compile on"
+@pytest.mark.parametrize(
+    "cuda, mps, device",
+    [(True, True, "cuda:0"), (True, False, "cuda:0"), (False, True, "mps"), (False, False, "cpu")],
+)
+def test_auto_picks_cuda_then_mps_then_cpu(machine, cuda, mps, device):
+    machine.cuda, machine.mps = cuda, mps
+    assert setup(cfg()).device == device
+    assert machine.devices == (["cuda:0"] if cuda else [])
+    assert machine.precision == (["high"] if cuda else [])  # TF32 matmuls on a GPU
 
 
-def test_options_override_the_table_within_what_the_machine_can_do():
-    assert choose(A100, device="cpu").device == "cpu" and choose(A100, device="cpu").dtype == torch.float32
-    assert choose(A100, dtype="float16").loss_scaling and choose(T4, dtype="float32").dtype == torch.float32
-    assert choose(ZEN4, training=False).dtype == torch.float32  # one-token decode steps are faster in fp32
-    assert choose(T4, local_rank=3).device == "cuda:3"
-    for machine, options, needle in [(T4, {"dtype": "bfloat16"}, "no native bfloat16"),
-                                     (OLD_CPU, {"device": "cuda"}, "no CUDA GPU"),
-                                     (OLD_CPU, {"device": "mps"}, "MPS is not available"),
-                                     (OLD_CPU, {"dtype": "half"}, "unknown dtype")]:
-        with pytest.raises(UserError, match=needle):
-            choose(machine, **options)
+def test_a_gpu_is_the_local_ranks(machine, monkeypatch):
+    machine.cuda = True
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    rt = setup(cfg())
+    assert (rt.device, rt.local_rank, rt.rank, rt.world_size) == ("cuda:1", 1, 0, 1)
+    assert machine.devices == ["cuda:1"]
 
 
-def test_attention_kernel_is_the_one_torch_picks():
-    rt = Runtime(choose(OLD_CPU), torch.amp.GradScaler("cpu", enabled=False))
-    cfg = load_config("tiny")
-    # torch's CPU flash kernel has no dropout; with dropout it runs the math kernel
-    assert attention_kernel(cfg, rt) == "SDPA flash"
-    assert attention_kernel(load_config("tiny", ["--dropout", "0.1"]), rt) == "SDPA math"
-    assert attention_kernel(load_config("tiny", ["--attention", "explicit"]), rt) == "explicit attention"
+@pytest.mark.parametrize(
+    "where, gpu_bf16, cpu_bf16, dtype",
+    [
+        ("cuda", True, False, torch.bfloat16),
+        ("cuda", False, True, torch.float16),  # an older GPU: float16 and a loss scaler
+        ("cpu", False, True, torch.bfloat16),
+        ("cpu", True, False, torch.float32),
+        ("mps", True, True, torch.float32),
+    ],
+)
+def test_auto_dtype_is_bfloat16_where_the_hardware_has_it(
+    machine, where, gpu_bf16, cpu_bf16, dtype
+):
+    machine.cuda, machine.mps = where == "cuda", where == "mps"
+    machine.gpu_bf16, machine.cpu_bf16 = gpu_bf16, cpu_bf16
+    assert setup(cfg()).dtype == dtype
 
 
-@pytest.mark.parametrize("forced, device, dtype", [("0", "cpu", "float32"), ("1", "cpu with bf16 instructions", "bfloat16")])
-def test_each_cpu_row_trains_end_to_end_whatever_this_cpu_has(tmp_path, data_root, forced, device, dtype):
-    """GPT_CPU_BF16 stands in for the probe's answer, so both CPU rows run here (and .ci/run runs the
-    whole suite again as the other kind of CPU)."""
-    cmd = [sys.executable, "train.py", "--config", "tiny", "--max-iters", "2", "--eval-interval", "2",
-           "--sample-tokens", "0", "--device", "cpu", "--data-root", str(data_root), "--out-dir", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "GPT_CPU_BF16": forced}, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    first = proc.stdout.splitlines()[0].split(", ")
-    assert (first[0], first[2], first[3]) == (device, dtype, "fused AdamW") and "thread" in first[1]
-    assert (tmp_path / "ckpt.pt").is_file() and '"threads": ' in (tmp_path / "metrics.jsonl").read_text()
+@pytest.mark.parametrize("where", ["cuda", "cpu", "mps"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_dtype_overrides_what_auto_would_pick(machine, where, dtype):
+    machine.cuda, machine.mps = where == "cuda", where == "mps"
+    machine.gpu_bf16 = machine.cpu_bf16 = True
+    assert setup(cfg(device=where, dtype=dtype)).dtype == getattr(torch, dtype)
 
 
-def test_the_probe_answer_can_be_forced_and_a_bad_value_is_one_line(monkeypatch):
-    for forced, has in (("0", False), ("1", True)):
-        monkeypatch.setenv("GPT_CPU_BF16", forced)
-        assert probe().cpu_bf16 is has
-    monkeypatch.setenv("GPT_CPU_BF16", "yes")
-    with pytest.raises(UserError, match="GPT_CPU_BF16='yes': use 0"):
-        probe()
+@pytest.mark.parametrize("device", ["cuda", "mps"])
+def test_a_device_torch_cannot_use_is_one_line(machine, device):
+    with pytest.raises(UserError) as e:
+        setup(cfg(device=device))
+    assert str(e.value) == f"--device {device}, but torch cannot use one here; use --device auto"
+    assert machine.devices == []
 
 
-class Machine2Cores:
-    """CpuThreads' clock and cpu_times for a 2-core machine where `others` cores' worth of CPU goes to
-    other processes and the rest to this one: a second passes between looks."""
+def test_device_cpu_is_taken_on_a_gpu_machine(machine):
+    machine.cuda = machine.gpu_bf16 = True
+    rt = setup(cfg(device="cpu"))
+    assert (rt.device, rt.dtype) == ("cpu", torch.float32) and machine.devices == []
 
-    def __init__(self) -> None:
-        self.now = self.busy = self.own = self.others = 0.0
 
-    def clock(self) -> float:
-        self.now += 1.0
-        self.busy += min(2.0, self.others + torch.get_num_threads())
-        self.own += min(torch.get_num_threads(), 2.0 - self.others)
-        return self.now
+@pytest.mark.parametrize(
+    "where, capability, triton, compiles",
+    [
+        ("cpu", (8, 0), False, True),  # a C++ compiler makes a CPU's kernels
+        ("cuda", (7, 0), True, True),
+        ("cuda", (9, 0), True, True),
+        ("cuda", (6, 1), True, False),  # older than Volta: Triton does not compile for it
+        ("cuda", (8, 0), False, False),  # no Triton installed
+        ("mps", (8, 0), True, False),
+    ],
+)
+def test_compile_is_kept_only_where_it_can_compile(machine, where, capability, triton, compiles):
+    machine.cuda, machine.mps = where == "cuda", where == "mps"
+    machine.capability, machine.triton = capability, triton
+    assert setup(cfg(compile=True)).compile is compiles
+    assert setup(cfg(compile=False)).compile is False
 
-    def read(self, cpus):
-        assert cpus == {0, 1}
-        return self.busy, self.own
+
+def test_the_seed_is_the_configs_plus_the_rank(machine, monkeypatch):
+    setup(cfg(seed=5))
+    first = torch.rand(3)
+    monkeypatch.setenv("RANK", "2")  # one process without torchrun's others: no group to join
+    rt = setup(cfg(seed=3))
+    assert rt.rank == 2 and rt.world_size == 1
+    assert torch.equal(torch.rand(3), first)
+
+
+def test_threads_are_the_idle_cores(machine):
+    machine.idle = 2
+    setup(cfg())
+    assert torch.get_num_threads() == 2 and machine.idle_calls == 1
+    machine.idle = 1
+    setup(cfg())
+    assert torch.get_num_threads() == 1
+
+
+@pytest.mark.parametrize("idle, processes, threads", [(4, "2", 2), (5, "2", 2), (1, "2", 1)])
+def test_threads_share_the_idle_cores_among_a_nodes_processes(
+    machine, monkeypatch, idle, processes, threads
+):
+    machine.idle = idle
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", processes)
+    setup(cfg())
+    assert torch.get_num_threads() == threads
+
+
+def test_threads_flag_wins_over_the_idle_cores(machine):
+    machine.idle = 2
+    setup(cfg(threads=3))
+    assert torch.get_num_threads() == 3
+
+
+def test_omp_num_threads_keeps_torchs_count(machine, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    torch.set_num_threads(3)  # what torch read from it at start-up
+    machine.idle = 1
+    setup(cfg())
+    assert torch.get_num_threads() == 3 and machine.idle_calls == 0
+    setup(cfg(threads=2))  # --threads still wins
+    assert torch.get_num_threads() == 2
+
+
+def test_threads_are_left_alone_on_a_gpu(machine):
+    machine.cuda, machine.idle = True, 2
+    torch.set_num_threads(1)
+    setup(cfg(threads=2))
+    assert torch.get_num_threads() == 1 and machine.idle_calls == 0
+
+
+def test_autocast_is_off_for_float32_and_on_otherwise():
+    x = torch.ones(2, 2)
+    with warnings.catch_warnings():  # enabled for float32, torch would warn and disable it
+        warnings.simplefilter("error")
+        with Runtime("cpu", torch.float32).autocast():
+            assert not torch.is_autocast_enabled("cpu") and (x @ x).dtype == torch.float32
+    with Runtime("cpu", torch.bfloat16).autocast():
+        assert torch.is_autocast_enabled("cpu") and (x @ x).dtype == torch.bfloat16
+    with warnings.catch_warnings():  # without a GPU, torch warns and disables it
+        warnings.simplefilter("ignore")
+        context = Runtime("cuda:1", torch.float16).autocast()
+    assert (context.device, context.fast_dtype) == ("cuda", torch.float16)  # cuda:1 is a cuda
+
+
+def fake_files(monkeypatch, files: dict):
+    """runtime's open() reads these texts (a list: one per read) and nothing else."""
+    reads = []
+
+    def fake_open(path, *args, **kwargs):
+        reads.append(path)
+        text = files.get(path)
+        if text is None:
+            raise FileNotFoundError(path)
+        return io.StringIO(text.pop(0) if isinstance(text, list) else text)
+
+    monkeypatch.setattr(runtime, "open", fake_open, raising=False)
+    return reads
+
+
+@pytest.mark.parametrize(
+    "flags, has",
+    [
+        ("fpu sse2 avx512f avx512_bf16 amx_tile", True),
+        ("fpu sse2 avx512f amx_bf16 amx_tile", True),
+        ("fpu sse2 avx512f avx2", False),
+        ("fpu sse2 avx512_bf16x", False),  # a flag's whole name, not a part
+    ],
+)
+def test_cpu_has_bf16_reads_the_flags_of_proc_cpuinfo(monkeypatch, flags, has):
+    text = f"processor\t: 0\nmodel name\t: x avx512_bf16 in its name\nflags\t\t: {flags}\n"
+    reads = fake_files(monkeypatch, {"/proc/cpuinfo": text})
+    assert cpu_has_bf16() is has and reads == ["/proc/cpuinfo"]
+
+
+def test_cpu_has_bf16_is_false_without_proc_cpuinfo_or_its_flags(monkeypatch):
+    fake_files(monkeypatch, {})
+    assert cpu_has_bf16() is False
+    fake_files(monkeypatch, {"/proc/cpuinfo": "processor\t: 0\nbugs\t: avx512_bf16\n"})
+    assert cpu_has_bf16() is False
+
+
+def stat(cpu0, cpu1, cpu2) -> str:
+    """A /proc/stat of three cores; each row: user nice system idle iowait irq softirq steal guest
+    guest_nice, in clock ticks since boot."""
+    rows = [f"cpu{n} " + " ".join(map(str, row)) for n, row in enumerate((cpu0, cpu1, cpu2))]
+    total = [sum(col) for col in zip(cpu0, cpu1, cpu2)]
+    return "\n".join(["cpu  " + " ".join(map(str, total)), *rows, "intr 5 6 7", "ctxt 99\n"])
+
+
+START = ([100, 1, 50, 900, 9, 1, 2, 3, 0, 0],) * 3
+
+
+def later(*busy: float) -> str:
+    """/proc/stat 0.2 s after START, where each core was busy for that share of the time, spread
+    over user, nice, system, irq, softirq and steal; idle, iowait and guest ticks pile up anyway."""
+    ticks = os.sysconf("SC_CLK_TCK") * 0.2
+    rows = []
+    for row, share in zip(START, busy):
+        work = round(share * ticks)
+        split = [work // 2, 0, work // 4, 0, 0, 0, 0, work - work // 2 - work // 4]
+        extra = [*split[:3], 1000, 1000, *split[5:], 1000, 1000]
+        rows.append([a + b for a, b in zip(row, extra)])
+    return stat(*rows)
 
 
 @pytest.fixture
 def two_cores(monkeypatch):
+    """idle_cores on a machine where this process may use cores 0 and 1 (core 2 is another's)."""
+    sleeps = []
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(runtime.time, "sleep", sleeps.append)
+    torch.set_num_threads(2)  # the autouse fixture puts its own back
+
+    def count(*busy: float) -> int:
+        fake_files(monkeypatch, {"/proc/stat": [stat(*START), later(*busy)]})
+        n = idle_cores()
+        assert sleeps.pop() == 0.2 and not sleeps
+        return n
+
+    return count
+
+
+@pytest.mark.parametrize(
+    "busy, idle",
+    [
+        ((0, 0, 1), 2),  # core 2 is busy, but not this process's
+        ((1, 0, 0), 1),
+        ((0, 1, 1), 1),
+        ((0.2, 0.2, 1), 2),  # 0.4 of a core: 1.6 idle rounds to 2
+        ((0.3, 0.3, 0), 1),  # 0.6 of a core: 1.4 idle rounds to 1
+        ((1, 1, 0), 1),  # at least one
+    ],
+)
+def test_idle_cores_counts_the_cores_others_leave_idle(two_cores, busy, idle):
+    assert two_cores(*busy) == idle
+
+
+def test_idle_cores_never_exceeds_torchs_threads(two_cores):
+    torch.set_num_threads(1)
+    assert two_cores(0, 0, 0) == 1
+
+
+def test_idle_cores_without_proc_stat_is_torchs_count(monkeypatch):
+    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
+    fake_files(monkeypatch, {})
+    torch.set_num_threads(2)
+    assert idle_cores() == 2
+
+
+# check_fits on a small model: 2 layers of 16, 2 heads, 65 tokens, masks of 64 (the weights'
+# context), windows of 32 (the run's), 4 rows a batch, explicit attention.
+CONFIG = GPTConfig(
+    vocab_size=65, block_size=64, n_layer=2, n_head=2, n_embd=16, attention="explicit"
+)
+NEED_FLOAT32 = (
+    16 * (12 * 2 * 16 * 16 + 65 * 16)  # weights, gradients and AdamW's two moments
+    + 2 * 64 * 64  # a bool mask a layer
+    + 4 * (32 * (16 * 2 * 16 + 2 * 65) * 4 + 2 * 2 * 32 * 32 * (4 + 4))  # what backward keeps
+)
+NEED_BFLOAT16 = (
+    16 * (12 * 2 * 16 * 16 + 65 * 16)
+    + 2 * 64 * 64
+    + 4 * (32 * (16 * 2 * 16 + 2 * 65) * 2 + 2 * 2 * 32 * 32 * (4 + 2))
+)
+
+
+@pytest.mark.parametrize(
+    "dtype, need", [(torch.float32, NEED_FLOAT32), (torch.bfloat16, NEED_BFLOAT16)]
+)
+def test_the_estimate_of_check_fits_is_exact(monkeypatch, dtype, need):
+    assert (NEED_FLOAT32, NEED_BFLOAT16) == (582912, 385792)
+    run, rt = cfg(block_size=32, batch_size=4), Runtime("cuda:0", dtype)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need, 10 * need))
+    check_fits(CONFIG, run, rt)  # just enough
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need - 1, 10 * need))
+    with pytest.raises(UserError) as e:
+        check_fits(CONFIG, run, rt)
+    assert str(e.value) == (
+        "this run needs at least 0.0 GiB, and 0.0 GiB of cuda:0 memory is free; "
+        "use a smaller --batch-size, --block-size or model"
+    )
+
+
+def test_check_fits_with_sdpa_keeps_no_attention_scores(monkeypatch):
+    sdpa = replace(CONFIG, attention="sdpa")
+    need = NEED_FLOAT32 - 4 * 2 * 2 * 32 * 32 * (4 + 4)
+    run = cfg(block_size=32, batch_size=4)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need, 0))
+    check_fits(sdpa, run, Runtime("cuda:0", torch.float32))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need - 1, 0))
+    with pytest.raises(UserError):
+        check_fits(sdpa, run, Runtime("cuda:0", torch.float32))
+
+
+def test_check_fits_on_a_cpu_reads_memavailable(monkeypatch):
+    run = cfg(block_size=32, batch_size=4)
+    rt = Runtime("cpu", torch.float32)
+    meminfo = "MemTotal:  {} kB\nMemFree:  1 kB\nMemAvailable:  {} kB\n"
+    kb = -(-NEED_FLOAT32 // 1024)  # the fewest kB that hold it
+    fake_files(monkeypatch, {"/proc/meminfo": meminfo.format(kb, kb)})
+    check_fits(CONFIG, run, rt)
+    fake_files(monkeypatch, {"/proc/meminfo": meminfo.format(10**9, kb - 1)})
+    with pytest.raises(UserError, match=r"needs at least 0\.0 GiB, and 0\.0 GiB of cpu memory"):
+        check_fits(CONFIG, run, rt)
+    big = replace(run, block_size=64, batch_size=10**6)
+    fake_files(monkeypatch, {})  # no /proc/meminfo: nothing to check against
+    check_fits(CONFIG, big, rt)
+    fake_files(monkeypatch, {"/proc/meminfo": "MemTotal:  5 kB\n"})  # no MemAvailable line
+    check_fits(CONFIG, big, rt)
+
+
+def test_check_fits_names_the_gibibytes(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * 2**30, 0))
+    huge = replace(CONFIG, vocab_size=2**20, n_embd=2**10, n_head=2)  # 16 GiB of embedding alone
+    with pytest.raises(UserError, match=r"needs at least 16\.\d GiB, and 3\.0 GiB of cuda:0"):
+        check_fits(huge, cfg(block_size=32, batch_size=1), Runtime("cuda:0", torch.float32))
+
+
+def test_the_first_line_names_the_device_dtype_threads_and_compile(tmp_path, data_root, capsys):
+    train.train(tiny(tmp_path, data_root, max_iters=1, threads=1, dtype="float32"))
+    assert capsys.readouterr().out.splitlines()[0] == "cpu, 1 thread, float32, compile off"
+
+
+def test_the_first_line_names_the_dtype_auto_picked(tmp_path, data_root, capsys, monkeypatch):
+    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(runtime, "idle_cores", lambda: 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    torch.set_num_threads(2)  # torch's default here; the autouse fixture puts its own back
-    return Machine2Cores()
-
-
-def test_threads_start_at_one_and_follow_the_cores_others_leave_idle(two_cores):
-    threads = CpuThreads(read=two_cores.read, clock=two_cores.clock)
-    assert torch.get_num_threads() == 1 and threads.describe() == "1-2 threads as cores are idle"
-    seen = []
-    for others in (0, 0, 1, 1, 0.4, 0.6, 2, 0):  # an idle machine, a busy process, a light and a heavy load
-        two_cores.others = others
-        threads.update()
-        seen.append(torch.get_num_threads())
-    assert seen == [2, 2, 1, 1, 2, 1, 1, 2]
-
-
-def test_a_look_waits_for_enough_clock_ticks(two_cores):
-    threads = CpuThreads(read=lambda cpus: (0.0, 0.0), clock=lambda: two_cores.now)
-    two_cores.now = CpuThreads.LOOK_S / 2
-    threads.update()
-    assert torch.get_num_threads() == 1  # too soon to tell
-    two_cores.now = CpuThreads.LOOK_S
-    threads.update()
-    assert torch.get_num_threads() == 2
-
-
-@pytest.mark.parametrize("requested, env, deterministic, line", [
-    (1, {}, False, "1 thread"), (0, {"OMP_NUM_THREADS": "2"}, False, "2 threads"), (0, {}, True, "2 threads")])
-def test_a_count_asked_for_or_a_deterministic_run_stays_fixed(two_cores, monkeypatch, requested, env, deterministic,
-                                                             line):
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    if requested:
-        torch.set_num_threads(requested)  # what setup() does with --threads first
-    threads = CpuThreads(requested, fixed=deterministic, read=two_cores.read, clock=two_cores.clock)
-    two_cores.others = 2
-    threads.update()
-    assert threads.describe() == line and torch.get_num_threads() == int(line[0])
-
-
-def test_without_proc_stat_the_count_is_torchs_default(two_cores):
-    def no_proc(cpus):
-        raise FileNotFoundError("/proc/stat")
-
-    assert CpuThreads(read=no_proc, clock=two_cores.clock).describe() == "2 threads" and torch.get_num_threads() == 2
-
-
-@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux: /proc/stat")
-def test_cpu_times_reads_this_machines_counters():
-    cpus = os.sched_getaffinity(0)
-    (busy0, own0), _ = cpu_times(cpus), sum(i * i for i in range(300_000))
-    busy1, own1 = cpu_times(cpus)
-    assert busy1 >= busy0 > 0 and own1 > own0
-
-
-def test_the_first_line_names_the_threads():
-    rt = Runtime(choose(OLD_CPU), torch.amp.GradScaler("cpu", enabled=False))
-    rt.threads = CpuThreads()
-    assert rt.describe() == "cpu, 1 thread, float32, fused AdamW, compile off"  # the autouse fixture's one thread
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    result = train.train(tiny(tmp_path, data_root, max_iters=1))
+    assert capsys.readouterr().out.splitlines()[0] == "cpu, 2 threads, bfloat16, compile off"
+    assert result["step"] == 1

@@ -1,366 +1,429 @@
-"""Decoding: cache == recompute and == a fresh window past block_size, sampling filters and
-temperature, stop strings, batching, seeds (sample.py's command line: test_sample_cli.py)."""
+"""sample.py: TextStream's text from tokens, unescape, and the command line on a tiny trained run.
 
-import os
-import subprocess
+The run is trained once by train.train, then its weights are made sharper (random, larger), so
+that greedy text varies from token to token and equality with a reference loop proves something.
+"""
+
+import io
 import sys
+from dataclasses import asdict
 
 import pytest
 import torch
+from conftest import ROOT, hf_tiny, script, tiny
 
 import sample
-from data.files import write_json
-from data.tokenizer import CharTokenizer, get_tokenizer
-from model import GPT, GPTConfig, generate, sample_next
-from model.checkpoint import save_checkpoint
+import train
+from configs import UserError
+from data.tokenizer import CharTokenizer, GPT2Tokenizer
+from model.checkpoint import load_checkpoint, model_from, save_checkpoint
+from model.gpt import GPT, GPTConfig, generate
 
-CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-TOK = CharTokenizer(list(CHARS))
-BLOCK = 16
-# One thread: these models are tiny, and on a busy machine intra-op threads spin-wait for each
-# other on every small op.
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+CHARS = "".join(sorted(set((ROOT / "data/corpora/tinyshakespeare/input.txt").read_text())))
+TOK = CharTokenizer(CHARS)
 
 
-def tiny_model(seed: int = 0, vocab: int = len(CHARS), block: int = BLOCK, **kw) -> GPT:
-    """float64 so cache vs recompute vs batched differ by ~1e-15: no argmax ties flip."""
-    torch.manual_seed(seed)
-    cfg = GPTConfig(vocab_size=vocab, block_size=block, n_layer=2, n_head=2, n_embd=16, **kw)
-    model = GPT(cfg).double().eval()
-    with torch.no_grad():  # sharper than the 0.02 init, so greedy text is not one repeated token
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, data_root):
+    """A tiny run trained by train.train, its best.pt given sharp random weights."""
+    folder = tmp_path_factory.mktemp("sample")
+    train.train(tiny(folder, data_root, threads=1))
+    run = folder / "run"
+    checkpoint = load_checkpoint(run)
+    model = model_from(checkpoint)
+    torch.manual_seed(0)
+    with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
-                p.normal_(0.0, 0.3)
-    return model
-
-
-def make_run(tmp_path, vocab: int = len(CHARS), chars: str = CHARS, seed: int = 0):
-    model = tiny_model(seed, vocab).float()
-    run = tmp_path / "run"
-    save_checkpoint(run, {"model": model.state_dict(), "model_config": model.config.to_dict()})
-    write_json(run / "manifest.json", {"name": "t", "tokenizer": "char", "vocab_size": len(chars),
-                                       "chars": chars, "eot_id": None})
+                p.normal_(0.0, 0.5)
+    checkpoint["model"] = model.state_dict()
+    save_checkpoint(checkpoint, run / "best.pt")  # a file of its own: ckpt.pt keeps the trained
     return run
 
 
-def greedy(model, rows, n, use_cache=True):
-    idx, pad = sample.left_pad(rows, "cpu")
-    steps = generate(model, idx, n, temperature=0, padding_mask=pad, use_cache=use_cache)
-    return torch.stack(list(steps), dim=1).tolist()
+def our_model(run) -> GPT:
+    return model_from(load_checkpoint(run)).eval()
 
 
-# ------------------------------------------------------------------ decoding
-
-
-@pytest.mark.parametrize("arch", [{}, dict(pos_emb="rope", norm="rmsnorm", qk_norm=True)], ids=["gpt2", "rope"])
-@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=1.0, top_k=20, top_p=0.9)],
-                         ids=["greedy", "seeded-top-k-top-p"])
-def test_the_fast_path_draws_the_reference_loops_tokens_within_block_size(monkeypatch, arch, sampling):
-    """The KV cache, one step at a time and DECODE_CHUNK steps a call (compile=True's path, run
-    eagerly here), gives the uncached reference loop's tokens: greedy, and sampled with one seed."""
-    from model import kv_cache
-
-    monkeypatch.setattr(kv_cache, "compiled_decode_steps", lambda: kv_cache.decode_steps)
-    model = tiny_model(**arch)
-    rows = [TOK.encode("ROMEO:"), TOK.encode("Ay")]  # unequal lengths: left padding on both paths
-    idx, pad = sample.left_pad(rows, "cpu")
-    n = BLOCK - 6 + 1  # the last token is predicted from exactly block_size positions
-
-    def run(**kw):
-        gen = torch.Generator().manual_seed(0)
-        return torch.stack(list(generate(model, idx, n, padding_mask=pad, generator=gen, **sampling, **kw)), 1).tolist()
-
-    reference = run(use_cache=False)
-    assert run() == reference and run(compile=True) == reference
-    assert len(set(reference[0])) > 1  # a non-trivial sequence, or equality would prove little
-
-
-def test_decoding_far_past_block_size_works_and_stays_finite():
-    model = tiny_model()
-    finite = []
-    model.lm_head.register_forward_hook(lambda m, i, out: finite.append(bool(torch.isfinite(out).all())))
-    rows = [TOK.encode("ROMEO:"), TOK.encode("A")]
-    gen = torch.Generator().manual_seed(0)
-    texts = sample.generate_texts(model, TOK, rows, 5 * BLOCK, temperature=1.0, generator=gen)
-    assert [len(t) for t in texts] == [5 * BLOCK] * 2  # one char per token, none lost at the slides
-    assert finite and all(finite)
-    # greedy, cached and not, past the window: both run and agree while the windows coincide
-    assert greedy(model, rows[:1], 5 * BLOCK)[0][: BLOCK - 6] == greedy(model, rows[:1], BLOCK - 6, use_cache=False)[0]
-
-
-@pytest.mark.parametrize("arch", [{}, dict(pos_emb="rope")], ids=["gpt2", "rope"])
-@pytest.mark.parametrize("prompt, block", [("ROMEO:", BLOCK), ("First Citizen:\nWe", BLOCK), ("ROMEO:", 3), ("RO", 2)],
-                         ids=["short", "longer than block_size", "block_size 3", "block_size 2"])
-def test_cached_decoding_past_block_size_equals_a_fresh_forward_over_its_window(arch, prompt, block):
-    """Once a row's context fills block_size, its cache restarts from its last block_size // 2
-    tokens and grows again: every token must be the argmax of a fresh forward over that window."""
-    model = tiny_model(block=block, **arch)
-    tokens, n = TOK.encode(prompt), 3 * BLOCK
-    window, expected = min(len(tokens), block), []
+@torch.no_grad()
+def greedy(model, ids: list[int], n: int, vocab: int) -> list[int]:
+    """The likeliest token at each step, by a full forward pass over the context (no cache)."""
+    ids = list(ids)
     for _ in range(n):
-        expected.append(int(model(torch.tensor([tokens[-window:]]))[0][0, -1].argmax()))
-        tokens.append(expected[-1])
-        window = max(1, block // 2) if window >= block else window + 1
-    assert greedy(model, [TOK.encode(prompt)], n)[0] == expected
-    assert len(set(expected)) > 2  # not one repeated token
+        logits, _ = model(torch.tensor([ids[-model.config.block_size :]]))
+        ids.append(int(logits[0, -1, :vocab].argmax()))
+    return ids
 
 
-@pytest.mark.compiles
-def test_compiled_decode_step_equals_eager_past_block_size():
-    model = tiny_model()
-    rows = [TOK.encode("ROMEO:"), TOK.encode("A")]  # left padding, and slides past block_size
-    idx, pad = sample.left_pad(rows, "cpu")
-
-    def run(compile):
-        gen = torch.Generator().manual_seed(0)
-        steps = generate(model, idx, 3 * BLOCK, temperature=1.0, top_k=20, padding_mask=pad, generator=gen,
-                         compile=compile)
-        return torch.stack(list(steps), dim=1).tolist()
-
-    from torch._dynamo.utils import counters
-
-    eager = run(False)
-    traced = counters["stats"]["unique_graphs"]
-    assert run(True) == eager
-    assert counters["stats"]["unique_graphs"] > traced  # the step really went through torch.compile
-    assert len(set(eager[0])) > 1
-    # Past dynamo's recompile limit (8 graphs; 1 here) a new shape decodes eagerly, not fails
-    idx, pad = sample.left_pad(rows + [TOK.encode("JULIET:")], "cpu")
-    with torch._dynamo.config.patch(recompile_limit=1):
-        assert run(True) == run(False)
+def greedy_text(run, prompt: str, n: int) -> str:
+    """What --temperature 0 adds to the prompt in n tokens of the run's char model."""
+    ids = TOK.encode(prompt) if prompt else [TOK.start_id]
+    return TOK.decode(greedy(our_model(run), ids, n, len(CHARS))[len(ids) :])
 
 
-def test_sampling_draws_each_token_with_its_probability():
-    probs = torch.tensor([0.05, 0.5, 0.15, 0.3, 0.0])
-    gen = torch.Generator().manual_seed(0)
-    draws = sample_next(probs.log().repeat(20000, 1), 1.0, generator=gen)
-    freq = torch.bincount(draws, minlength=5) / 20000
-    torch.testing.assert_close(freq, probs, atol=0.01, rtol=0)  # ~3 standard errors at p = 0.5
+def ends_line(text: str) -> str:
+    return text if text.endswith("\n") else text + "\n"
 
 
-@pytest.mark.parametrize("temperature", [0.5, 2.0])
-def test_sampling_at_a_temperature_draws_with_softmax_of_logits_over_t(temperature):
-    logits = torch.tensor([1.0, 2.0, 0.0, 1.5])
-    gen = torch.Generator().manual_seed(0)
-    freq = torch.bincount(sample_next(logits.repeat(40000, 1), temperature, generator=gen), minlength=4) / 40000
-    expected = (logits / temperature).softmax(-1)
-    torch.testing.assert_close(freq, expected, atol=0.01, rtol=0)  # 4 standard errors at p = 0.5
-    assert (expected - logits.softmax(-1)).abs().max() > 0.1  # not what temperature 1 would draw
-    rows = logits.repeat(1000, 1)  # the default temperature is 1
-    assert torch.equal(sample_next(rows, generator=torch.Generator().manual_seed(0)),
-                       sample_next(rows, 1.0, generator=torch.Generator().manual_seed(0)))
+def one_sample(out: str, prompt: str, n: int) -> str:
+    """The n characters a char model's one sample added to its prompt, once out is checked to be
+    the prompt, those and a line end."""
+    text = out[len(prompt) : len(prompt) + n]
+    assert out == ends_line(prompt + text) and len(text) == n
+    return text
 
 
-def test_top_k_keeps_only_the_k_likeliest():
-    logits = torch.tensor([[0.0, 3.0, 1.0, 2.9, -1.0, 2.8, 0.5]]).repeat(4000, 1)
-    gen = torch.Generator().manual_seed(0)
-    drawn = set(sample_next(logits, temperature=1.0, top_k=3, generator=gen).tolist())
-    assert drawn == {1, 3, 5}
-    assert set(sample_next(logits, temperature=0).tolist()) == {1}  # temperature 0 is argmax
-    one_row = {sample_next(logits[:1], 1.0, top_k=3, generator=gen).item() for _ in range(300)}
-    assert one_row == {1, 3, 5}  # fewer rows than k
+def several(out: str, prompt: str, n: int, count: int) -> list[str]:
+    """The texts of count samples of one prompt, each checked to be under its header."""
+    parts = out.split("--- prompt 1/1, sample ")
+    headers, texts = zip(*(p.split(" ---\n", 1) for p in parts[1:]))
+    assert parts[0] == "" and headers == tuple(f"{k}/{count}" for k in range(1, count + 1))
+    return [one_sample(text, prompt, n) for text in texts]
 
 
-def test_top_p_keeps_the_smallest_set_reaching_p():
-    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]])
-    logits = probs.log().repeat(4000, 1)
-    gen = torch.Generator().manual_seed(0)
-    assert set(sample_next(logits, 1.0, top_p=0.75, generator=gen).tolist()) == {1, 3}  # 0.5 + 0.3
-    assert set(sample_next(logits, 1.0, top_p=0.85, generator=gen).tolist()) == {1, 3, 2}
-    assert set(sample_next(logits, 1.0, top_p=0.1, generator=gen).tolist()) == {1}  # the top one always stays
-    assert set(sample_next(logits, 1.0, top_k=3, top_p=0.75, generator=gen).tolist()) == {1, 3}
+def cut(text: str, stop: str) -> str:
+    return text[: text.index(stop) + len(stop)] if stop in text else text
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(1e-300, None, None), (1e-40, None, None), (1e-300, 5, 1e-300),
-                                                       (0.8, None, 1e-300), (0.8, None, 1e-6), (1e-300, 1, None)])
-def test_a_tiny_temperature_or_top_p_keeps_the_likeliest_token_and_no_nan(monkeypatch, temperature, top_k, top_p):
-    logits = torch.randn(64, len(CHARS), generator=torch.Generator().manual_seed(0)) * 3
-    logits[0, -1] = float("-inf")  # an id some filter already dropped
-    softmax, probs = torch.Tensor.softmax, []
-    monkeypatch.setattr(torch.Tensor, "softmax", lambda t, *a, **k: probs.append(softmax(t, *a, **k)) or probs[-1])
-    drawn = sample_next(logits, temperature, top_k, top_p, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(drawn, logits.argmax(-1)) and probs and not any(p.isnan().any() for p in probs)
+def sample_out(capsys, run, *argv) -> str:
+    sample.main(["--out-dir", str(run), *map(str, argv)])
+    return capsys.readouterr().out
 
 
-def test_batched_unequal_prompts_equal_one_by_one_greedy():
-    model = tiny_model()
-    prompts = ["ROMEO:", "A", "First Cit", ""]
-    rows = [TOK.encode(p) if p else TOK.encode("\n") for p in prompts]
-    n = BLOCK - max(map(len, rows))
-    batched = sample.generate_texts(model, TOK, rows, n, temperature=0)
-    alone = [sample.generate_texts(model, TOK, [r], n, temperature=0)[0] for r in rows]
-    assert batched == alone
-    assert len(set(batched)) > 1
+# ------------------------------------------------------------------ TextStream
 
 
-def test_batched_equals_one_by_one_past_block_size():
-    model = tiny_model()
-    rows = [TOK.encode(p) for p in ["ROMEO:", "A", "First Citizen:\nWe"]]  # the last is > block_size
-    n = 4 * BLOCK
-    batched = sample.generate_texts(model, TOK, rows, n, temperature=0)
-    assert batched == [sample.generate_texts(model, TOK, [r], n, temperature=0)[0] for r in rows]
+def test_text_stream_pieces_add_up_to_the_text_and_none_ends_it():
+    text = "ROMEO:\nO, speak!"
+    stream = sample.TextStream(TOK, [])
+    pieces = [stream.push(i) for i in TOK.encode(text)]
+    assert pieces == list(text) and stream.text == text and not stream.done
+    assert stream.push(None) == "" and stream.done
+    assert stream.push(TOK.encode("A")[0]) == "" and stream.text == text  # done: nothing more
 
 
-def test_same_seed_same_text_and_other_seed_other_text():
-    model = tiny_model()
-    rows = [TOK.encode("ROMEO:")] * 2
-
-    def run(seed):
-        return sample.generate_texts(model, TOK, rows, 40, temperature=1.0, top_k=20,
-                                     generator=torch.Generator().manual_seed(seed))
-
-    assert run(1) == run(1)
-    assert run(1) != run(2)
-
-
-# ------------------------------------------------------------------ text streams
-
-
-def test_stop_string_ends_the_sample_and_keeps_it():
-    s = sample.TextStream(TOK, stops=["o w", "zz"])
-    pieces = [s.push(i) for i in TOK.encode("hello world. more")]
-    assert s.done and s.text == "hello w" and "".join(pieces) == "hello w"
-    s = sample.TextStream(TOK, stops=["\n\n", "l"])
-    assert "".join(s.push(i) for i in TOK.encode("ab\n\ncl")) == "ab\n\n"
-    bpe = get_tokenizer("gpt2")
-    s = sample.TextStream(bpe, stops=["ld", "wor"])  # both inside one token: the earliest end wins
-    assert "".join(s.push(i) for i in bpe.encode(" hello world again")) == " hello wor" == s.text
-
-
-def test_stop_strings_in_generate_texts_trim_each_row():
-    model = tiny_model()
-    rows = [TOK.encode("ROMEO:"), TOK.encode("A")]
-    full = sample.generate_texts(model, TOK, rows, 12, temperature=0)
-    stop = full[0][3:5]
-    stopped = sample.generate_texts(model, TOK, rows, 12, temperature=0, stops=[stop])
-    for f, s in zip(full, stopped):
-        assert s == (f[: f.index(stop) + len(stop)] if stop in f else f)
-
-
-def test_streamed_pieces_add_up_to_each_rows_text_and_a_stop_in_every_row_ends_decoding():
-    model = tiny_model()
-    rows = [TOK.encode("ROMEO:"), TOK.encode("A")]
-    pieces: dict[int, list[str]] = {0: [], 1: []}
-    texts = sample.generate_texts(model, TOK, rows, 12, temperature=0, on_text=lambda b, p: pieces[b].append(p))
-    assert ["".join(pieces[b]) for b in (0, 1)] == texts and texts[0] != texts[1]
-    firsts = [text[0] for text in texts]  # as stop strings, each row's first character ends it at once
-    assert sample.generate_texts(model, TOK, rows, 12, temperature=0, stops=firsts) == firsts
-
-
-def test_bpe_stream_joins_multibyte_characters_split_across_tokens():
-    tok = get_tokenizer("gpt2")
+def test_a_bpe_token_holding_half_a_character_waits_for_the_rest():
+    bpe = GPT2Tokenizer()
     text = "naïve 日本 🤗!"
-    ids = tok.encode(text)
-    assert any(not _valid_utf8(tok.decode_bytes([i])) for i in ids)  # the case under test occurs
-    s = sample.TextStream(tok)
-    pieces = [s.push(i) for i in ids] + [s.push(tok.eot_id), s.push(ids[0])]
-    assert "".join(pieces) == text and s.text == text and s.done
-    assert not any("\ufffd" in p for p in pieces)
+    ids = bpe.encode(text)
+    assert [bpe.decode_bytes([i]) for i in ids[2:5]] == [b" \xe6", b"\x97", b"\xa5"]  # " 日"
+    stream = sample.TextStream(bpe, [])
+    pieces = [stream.push(i) for i in ids]
+    assert pieces == ["na", "ïve", " ", "", "日", "", "本", " ", "", "🤗", "!"]
+    assert stream.text == text and not stream.done
+    # stopped after the first of "本"'s three bytes: the end shows what was left as one U+FFFD
+    first_byte = next(i for i in range(256) if bpe.decode_bytes([i]) == "本".encode()[:1])
+    stream = sample.TextStream(bpe, [])
+    assert stream.push(first_byte) == "" and stream.push(None) == "\ufffd" and stream.done
 
 
-def _valid_utf8(b: bytes) -> bool:
-    try:
-        b.decode("utf-8")
-        return True
-    except UnicodeDecodeError:
-        return False
+def test_end_of_text_ends_the_stream():
+    bpe = GPT2Tokenizer()
+    stream = sample.TextStream(bpe, [])
+    assert [stream.push(i) for i in bpe.encode(" Hello world")] == [" Hello", " world"]
+    assert stream.push(bpe.eot_id) == "" and stream.done
+    assert stream.push(bpe.encode(" more")[0]) == "" and stream.text == " Hello world"
+    # a character model has no end-of-text token: every id is text
+    stream = sample.TextStream(TOK, [])
+    assert stream.push(0) == "\n" and not stream.done
 
 
-def test_unescape():
-    assert sample.unescape(r"a\nb\tc\\n\q") == "a\nb\tc\\n\\q"
+def test_a_stop_string_ends_the_text_just_after_it():
+    stream = sample.TextStream(TOK, ["o w"])
+    pieces = [stream.push(i) for i in TOK.encode("hello world. more")]
+    assert "".join(pieces) == "hello w" == stream.text and stream.done
+    assert pieces[:8] == list("hello w") + [""]
+    stream = sample.TextStream(TOK, ["abc"])  # the whole text is the stop: found from its start
+    assert [stream.push(i) for i in TOK.encode("abcd")] == ["a", "b", "c", ""] and stream.done
 
 
-def test_text_stream_edges():
-    bpe = get_tokenizer("gpt2")
-    s = sample.TextStream(bpe)
-    cut = bpe.encode("é")[0]  # one token, two bytes: stopped after a token holding only the first byte
-    half = [i for i in range(256) if bpe.decode_bytes([i]) == "é".encode()[:1]]
-    assert s.push(half[0]) == "" and s.finish() == "\ufffd" and s.finish() == "" and s.text == "\ufffd"
-    assert bpe.decode([cut]) == "é"
-    s = sample.TextStream(TOK, stops=["ab"])  # a stop string at the very start of the text
-    assert "".join(s.push(i) for i in TOK.encode("abc")) == "ab" and s.done
-    s = sample.TextStream(TOK, stops=["a", "cab"])  # "cab" spans pieces; the longest decides how far back to look
-    assert [s.push(i) for i in TOK.encode("xc")] == ["x", "c"] and not s.done
-    s = sample.TextStream(bpe, stops=["an"])
-    assert [s.push(i) for i in bpe.encode(" banana")] == [" ban"]  # one token: cut at the first "an", not the last
+def test_a_stop_string_that_spans_two_pushes_ends_the_text():
+    bpe = GPT2Tokenizer()
+    stream = sample.TextStream(bpe, ["lo wo"])
+    pieces = [stream.push(i) for i in bpe.encode(" hello world again")]
+    assert pieces == [" hello", " wo", ""] and stream.text == " hello wo" and stream.done
+    stream = sample.TextStream(TOK, ["b\n"])  # its last character alone is new
+    assert [stream.push(i) for i in TOK.encode("ab\nc")] == ["a", "b", "\n", ""]
 
 
-def test_cache_slots_round_up_to_eighths_of_block_size_when_compiled():
-    from model.kv_cache import cache_slots
-
-    assert [cache_slots(64, n, False) for n in (1, 10, 64, 100)] == [1, 10, 64, 64]
-    assert [cache_slots(64, n, True) for n in (1, 8, 9, 10, 100)] == [8, 8, 16, 16, 64]
-    assert [cache_slots(4, n, True) for n in (1, 3)] == [1, 3]  # block_size < 8: steps of one slot
-
-
-def test_chunked_decoding_equals_one_step_at_a_time(monkeypatch):
-    """compile=True decodes DECODE_CHUNK tokens per call; run that path eagerly (as the compiled
-    function would, minus the compiler) and it must give the one-step tokens, past block_size too."""
-    import model.kv_cache
-
-    chunks = []
-
-    def eager_steps(gpt, idx, slots, *args):
-        chunks.append(slots.size(0))
-        return model.kv_cache.decode_steps(gpt, idx, slots, *args)
-
-    monkeypatch.setattr(model.kv_cache, "compiled_decode_steps", lambda: eager_steps)
-    tiny = tiny_model()
-    rows = [TOK.encode("ROMEO:"), TOK.encode("A")]
-    idx, pad = sample.left_pad(rows, "cpu")
-    for temperature in (0, 1.0):
-        runs = [torch.stack(list(generate(tiny, idx, 3 * BLOCK, temperature=temperature, padding_mask=pad,
-                                          generator=torch.Generator().manual_seed(0), compile=c)), 1).tolist()
-                for c in (False, True)]
-        assert runs[0] == runs[1]
-    assert set(chunks) == {model.kv_cache.DECODE_CHUNK}  # only whole chunks go through it; slides go one step at a time
+@pytest.mark.parametrize("stops", [["ld", "wor"], ["wor", "ld"]])
+def test_the_earliest_of_several_stops_wins(stops):
+    bpe = GPT2Tokenizer()
+    stream = sample.TextStream(bpe, stops)  # both inside the token " world"
+    assert "".join(stream.push(i) for i in bpe.encode(" hello world again")) == " hello wor"
+    stream = sample.TextStream(TOK, ["\n\n", "l"])
+    assert "".join(stream.push(i) for i in TOK.encode("ab\n\ncl")) == "ab\n\n"
 
 
-def test_cli_end_to_end_subprocess(tmp_path):
-    run = make_run(tmp_path)
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("ROMEO:\n\nJULIET:\\n\n")
-    cmd = [sys.executable, "sample.py", "--ckpt", str(run / "ckpt.pt"), "--prompt-file", str(prompts),
-           "--max-new-tokens", "10", "--temperature", "0", "--num-samples", "2"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ENV)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.count("--- prompt") == 4 and "JULIET:\n" in r.stdout
-    r = subprocess.run([sys.executable, "sample.py", "--ckpt", str(tmp_path / "nope")],
-                       capture_output=True, text=True, timeout=120, env=ENV)
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and "python train.py --config small" in r.stderr
-
-def test_generation_ends_once_every_row_has_produced_eos_and_a_finished_row_repeats_it():
-    model = tiny_model()
-    prompts = torch.tensor([[1, 2, 3], [7, 5, 9]])
-    free = torch.stack(list(generate(model, prompts, 24, temperature=0)))  # (24, 2), no eos
-    eos, k = int(free[5, 0]), int((free[:, 0] == free[5, 0]).nonzero()[0])  # row 0's token at step 5, first seen at k
-    alone = torch.stack(list(generate(model, prompts[:1], 24, temperature=0, eos_id=eos)))
-    assert alone.tolist() == free[: k + 1, :1].tolist()  # ends at once, with the eos
-    both = torch.stack(list(generate(model, prompts, 24, temperature=0, eos_id=eos)))
-    assert (both[k:, 0] == eos).all() and both[: k + 1, 0].tolist() == free[: k + 1, 0].tolist()
-    ends = (free[:, 1] == eos).nonzero()
-    assert len(both) == (int(ends[0]) + 1 if len(ends) and int(ends[0]) >= k else 24)  # when row 1 is done too
+def test_unescape_reads_newline_tab_and_backslash_and_leaves_the_rest():
+    assert sample.unescape(r"a\nb\tc\\n\q\r") == "a\nb\tc\\n\\q\\r"
+    assert sample.unescape("plain") == "plain"
 
 
-def test_a_recompile_limit_falls_back_to_eager_steps_with_the_same_tokens(monkeypatch):
-    """Past dynamo's recompile limit (a 9th shape in a process) the compiled call raises; decoding
-    goes on one eager step at a time and draws the same tokens."""
-    import model.kv_cache
+# ------------------------------------------------------------------ the command line
 
-    calls = []
 
-    def over_the_limit():
-        def step(*args):
-            calls.append(1)
-            raise torch._dynamo.exc.FailOnRecompileLimitHit("recompile limit")
-        return step
+def test_one_sample_streams_the_prompt_then_a_piece_per_token(run, capsys, monkeypatch):
+    writes = []
+    monkeypatch.setattr(sys.stdout, "write", lambda s: writes.append(s) or len(s))
+    sample_out(capsys, run, "--prompt", "ROMEO:", "--temperature", 0, "--max-new-tokens", 20)
+    text = greedy_text(run, "ROMEO:", 20)
+    assert len(set(text)) > 4  # varied text, or equality would prove little
+    pieces = [w for w in writes if w]
+    assert pieces == ["ROMEO:", *text, *(["\n"] * (not text.endswith("\n")))]
 
-    monkeypatch.setattr(model.kv_cache, "compiled_decode_steps", over_the_limit)
-    m, x = tiny_model(), torch.tensor([[1, 2, 3], [4, 5, 6]])
-    for temperature in (0, 0.8):
-        kw = dict(temperature=temperature, generator=torch.Generator().manual_seed(3))
-        eager = torch.stack(list(generate(m, x, 20, **kw)))
-        kw["generator"] = torch.Generator().manual_seed(3)
-        assert torch.equal(torch.stack(list(generate(m, x, 20, compile=True, **kw))), eager)
-    assert len(calls) == 2  # once a generate(): then eager to its end
+
+def test_several_samples_print_under_a_header_each(run, capsys):
+    argv = ["--prompt", "ROMEO:", "--prompt", "JULIET:", "--num-samples", 2, "--temperature", 0]
+    out = sample_out(capsys, run, *argv, "--max-new-tokens", 12)
+    expected = "".join(
+        f"--- prompt {j}/2, sample {k}/2 ---\n" + ends_line(p + greedy_text(run, p, 12))
+        for j, p in enumerate(["ROMEO:", "JULIET:"], 1)
+        for k in (1, 2)
+    )
+    assert out == expected
+
+
+def test_one_prompts_samples_are_drawn_apart_and_each_has_its_header(run, capsys):
+    out = sample_out(
+        capsys, run, "--prompt", "A", "--num-samples", 3, "--seed", 1, "--max-new-tokens", 10
+    )
+    assert len(set(several(out, "A", 10, 3))) == 3
+
+
+def test_the_same_seed_gives_the_same_text_and_another_seed_other_text(run, capsys):
+    argv = ["--prompt", "ROMEO:", "--max-new-tokens", 30, "--seed"]
+    first = sample_out(capsys, run, *argv, 7)
+    one_sample(first, "ROMEO:", 30)
+    assert sample_out(capsys, run, *argv, 7) == first
+    assert sample_out(capsys, run, *argv, 8) != first
+
+
+def test_temperature_zero_takes_the_likeliest_token_every_time(run, capsys):
+    argv = ["--prompt", "ROMEO:", "--max-new-tokens", 24, "--temperature", 0]
+    expected = ends_line("ROMEO:" + greedy_text(run, "ROMEO:", 24))
+    assert sample_out(capsys, run, *argv) == expected  # no --seed: drawn seeds change nothing
+    assert sample_out(capsys, run, *argv) == expected
+
+
+def test_decoding_past_the_context_keeps_one_character_a_token(run, capsys):
+    out = sample_out(capsys, run, "--prompt", "ROMEO:", "--max-new-tokens", 100, "--seed", 0)
+    one_sample(out, "ROMEO:", 100)  # 3 x block_size past it
+
+
+def test_a_stop_string_ends_the_sample_and_the_decoding(run, capsys, monkeypatch):
+    text = greedy_text(run, "ROMEO:", 24)
+    stop = text[6:8]
+    cut = text[: text.index(stop) + len(stop)]
+    assert len(cut) < 24
+    steps = []
+
+    def counted(*args):
+        for tokens in generate(*args):
+            steps.append(tokens)
+            yield tokens
+
+    monkeypatch.setattr(sample, "generate", counted)
+    argv = ["--prompt", "ROMEO:", "--temperature", 0, "--max-new-tokens", 24, "--stop", stop]
+    assert sample_out(capsys, run, *argv) == ends_line("ROMEO:" + cut)
+    assert len(steps) == len(cut)  # the decoding stopped with the text
+    steps.clear()
+    out = sample_out(capsys, run, *argv, "--num-samples", 2)
+    header = "--- prompt 1/1, sample {}/2 ---\n"
+    assert out == "".join(header.format(k) + ends_line("ROMEO:" + cut) for k in (1, 2))
+    assert len(steps) == len(cut)
+
+
+def test_a_stop_string_ends_each_sample_where_it_comes(run, capsys):
+    argv = ["--prompt", "A", "--num-samples", 2, "--seed", 5, "--max-new-tokens", 40]
+    first, second = several(sample_out(capsys, run, *argv), "A", 40, 2)
+    stop = first[:3]
+    assert len(cut(second, stop)) > 3  # the second sample goes on after the first stopped
+    out = sample_out(capsys, run, *argv, "--stop", stop)
+    header = "--- prompt 1/1, sample {}/2 ---\n"
+    assert out == header.format(1) + ends_line("A" + stop) + header.format(2) + ends_line(
+        "A" + cut(second, stop)
+    )
+
+
+def test_an_escaped_stop_string_is_read_as_its_character(run, capsys):
+    argv = ["--prompt", "A", "--temperature", 2, "--seed", 1, "--max-new-tokens", 100]
+    text = one_sample(sample_out(capsys, run, *argv), "A", 100)
+    assert "\n" in text
+    out = sample_out(capsys, run, *argv, "--stop", "\\n")
+    assert out == "A" + text[: text.index("\n") + 1]  # ends its line: no blank line after
+
+
+def test_prompt_dash_reads_stdin_as_it_is(run, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("To be,\n"))  # as it is, its newline kept
+    out = sample_out(capsys, run, "--prompt", "-", "--temperature", 0, "--max-new-tokens", 8)
+    assert out == ends_line("To be,\n" + greedy_text(run, "To be,\n", 8))
+
+
+def test_an_escaped_prompt_is_read_as_its_characters(run, capsys):
+    out = sample_out(capsys, run, "--prompt", "A\\nB", "--temperature", 0, "--max-new-tokens", 8)
+    assert out == ends_line("A\nB" + greedy_text(run, "A\nB", 8))
+
+
+def test_an_empty_prompt_starts_from_the_newline_of_a_char_model(run, capsys):
+    assert TOK.start_id == TOK.encode("\n")[0]
+    text = greedy_text(run, "", 12)
+    assert text == TOK.decode(greedy(our_model(run), TOK.encode("\n"), 12, len(CHARS))[1:])
+    assert sample_out(capsys, run, "--temperature", 0, "--max-new-tokens", 12) == ends_line(text)
+    assert sample_out(capsys, run, "--prompt", "", "--temperature", 0, "--max-new-tokens", 12) == (
+        ends_line(text)
+    )
+
+
+def test_a_sample_that_ends_a_line_gets_no_blank_line_after_it(run, capsys):
+    argv = ["--prompt", "ROMEO:\\n", "--max-new-tokens", 0]
+    assert sample_out(capsys, run, *argv) == "ROMEO:\n"
+    assert sample_out(capsys, run, *argv, "--num-samples", 2) == (
+        "--- prompt 1/1, sample 1/2 ---\nROMEO:\n--- prompt 1/1, sample 2/2 ---\nROMEO:\n"
+    )
+    assert sample_out(capsys, run, *argv, "--prompt", "KING") == (
+        "--- prompt 1/2, sample 1/1 ---\nROMEO:\n--- prompt 2/2, sample 1/1 ---\nKING\n"
+    )
+
+
+def test_max_new_tokens_zero_prints_the_prompt_alone(run, capsys):
+    assert sample_out(capsys, run, "--prompt", "ROMEO:", "--max-new-tokens", 0) == "ROMEO:\n"
+
+
+@pytest.mark.parametrize(
+    "flag, bad, edge",
+    [
+        ("--num-samples", -1, 1),
+        ("--num-samples", 0, 1),
+        ("--top-k", 0, 1),
+        ("--max-new-tokens", -1, 0),
+        ("--temperature", -0.5, 0),
+        ("--top-p", 0, 1),
+        ("--top-p", 1.5, 1),
+    ],
+)
+def test_a_value_past_a_flags_bound_is_refused_and_the_bound_is_taken(run, capsys, flag, bad, edge):
+    argv = ["--out-dir", str(run), "--prompt", "A", "--max-new-tokens", "2", "--seed", "0"]
+    with pytest.raises(UserError, match=flag):
+        sample.main([*argv, flag, str(bad)])
+    sample.main([*argv, flag, str(edge)])
+    assert capsys.readouterr().out.startswith("A")
+
+
+def test_an_empty_stop_string_is_refused(run):
+    with pytest.raises(UserError, match="--stop: some text"):
+        sample.main(["--out-dir", str(run), "--stop", ""])
+
+
+def test_a_prompt_with_characters_the_model_lacks_is_one_line(run, capsys):
+    with pytest.raises(UserError) as e:
+        sample.main(["--out-dir", str(run), "--prompt", "ROMEO: ü€"])
+    assert str(e.value) == "prompt 'ROMEO: ü€': 'ü€': not in this model's 65 characters"
+    with pytest.raises(UserError) as e:  # a long prompt is named by its first 40 characters
+        sample.main(["--out-dir", str(run), "--prompt", "A" * 40 + "ü"])
+    assert str(e.value) == f"prompt {'A' * 40!r}: 'ü': not in this model's 65 characters"
+    assert capsys.readouterr().out == ""
+
+
+def test_init_from_a_run_folder_samples_its_weights(run, capsys):
+    argv = ["--prompt", "KING", "--temperature", "0", "--max-new-tokens", "16"]
+    sample.main(["--init-from", str(run), *argv])
+    assert capsys.readouterr().out == sample_out(capsys, run, *argv)
+
+
+@pytest.mark.parametrize("prompt", ["Hello, I am", ""])
+def test_init_from_an_hf_gpt2_folder_samples_with_gpt2s_tokenizer(
+    tmp_path, capsys, network_calls, prompt
+):
+    hf = hf_tiny(vocab=50257)
+    with torch.no_grad():  # sharper, so that greedy text varies
+        for p in hf.parameters():
+            p.mul_(10 if p.dim() == 2 else 1)
+    hf.save_pretrained(tmp_path / "hf")
+    bpe = GPT2Tokenizer()
+    ids = torch.tensor([bpe.encode(prompt) or [50256]])  # an empty prompt: from end-of-text
+    with torch.no_grad():
+        new = hf.generate(ids, max_new_tokens=10, do_sample=False)[0, ids.size(1) :].tolist()
+    new = new[: new.index(50256)] if 50256 in new else new
+    assert len(set(new)) > 3  # varied ids, or equality would prove little
+    argv = ["--prompt", prompt, "--temperature", 0, "--max-new-tokens", 10]
+    sample.main(["--init-from", str(tmp_path / "hf"), *map(str, argv)])
+    assert capsys.readouterr().out == ends_line(prompt + bpe.decode(new))
+    assert network_calls == []
+
+
+def test_a_model_whose_vocabulary_is_smaller_than_its_tokenizers_is_one_line(tmp_path, capsys):
+    hf_tiny(vocab=100).save_pretrained(tmp_path / "hf")  # GPT-2's tokenizer has 50257 tokens
+    with pytest.raises(UserError) as e:
+        sample.main(["--init-from", str(tmp_path / "hf"), "--prompt", "Hello world"])
+    assert str(e.value) == "the model's vocabulary (100) is smaller than its tokenizer's (50257)"
+    assert capsys.readouterr().out == ""
+
+
+def test_a_padded_vocabulary_never_samples_a_padding_id(run, tmp_path, capsys):
+    checkpoint = load_checkpoint(run)
+    config = GPTConfig(**checkpoint["model_config"] | {"vocab_size": 80})
+    model = GPT(config)
+    state = checkpoint["model"]
+    for name in ("transformer.wte.weight", "lm_head.weight"):  # 65 rows, then 15 of padding
+        state[name] = torch.cat([state[name], torch.full((15, 16), 10.0)])
+    state["transformer.ln_f.weight"] = torch.zeros(16)  # every position's last state: ones
+    state["transformer.ln_f.bias"] = torch.ones(16)
+    model.load_state_dict(state)
+    assert next(generate(model.eval(), torch.tensor([[0]]), 1, 0)).item() >= 65  # uncut: padding
+    padded = {**checkpoint, "model": model.state_dict(), "model_config": asdict(config)}
+    save_checkpoint(padded, tmp_path / "padded.pt")
+    argv = ["--prompt", "A", "--max-new-tokens", 200, "--temperature", 2, "--seed", 0]
+    one_sample(sample_out(capsys, tmp_path / "padded.pt", *argv), "A", 200)  # ids >= 65: errors
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_device_cpu_and_a_dtype_decode_in_that_dtype(run, capsys, monkeypatch, dtype):
+    seen = []
+
+    def spy(model, *args):
+        seen.append((model.lm_head.weight.dtype, model.lm_head.weight.device.type))
+        return generate(model, *args)
+
+    monkeypatch.setattr(sample, "generate", spy)
+    argv = ["--prompt", "ROMEO:", "--temperature", 0, "--max-new-tokens", 10]
+    out = sample_out(capsys, run, *argv, "--device", "cpu", "--dtype", dtype)
+    assert seen == [(getattr(torch, dtype), "cpu")]
+    if dtype == "float32":
+        assert out == ends_line("ROMEO:" + greedy_text(run, "ROMEO:", 10))
+        assert sample_out(capsys, run, *argv) == out  # auto on a CPU: float32
+        assert seen[-1] == (torch.float32, "cpu")
+    else:
+        one_sample(out, "ROMEO:", 10)
+
+
+def model_run(tmp_path, n_embd: int):
+    """A random checkpoint of n_embd, in the run's characters."""
+    config = GPTConfig(len(CHARS), 8, 1, 2, n_embd)
+    manifest = {"tokenizer": "char", "vocab_size": len(CHARS), "chars": CHARS}
+    path = tmp_path / f"embd{n_embd}.pt"
+    save_checkpoint(
+        {"model": GPT(config).state_dict(), "model_config": asdict(config), "manifest": manifest},
+        path,
+    )
+    return path
+
+
+def test_a_small_model_samples_on_one_thread_unless_omp_num_threads_is_set(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for n_embd, threads in (256, 1), (272, 2):
+        torch.set_num_threads(2)
+        sample_out(capsys, model_run(tmp_path, n_embd), "--prompt", "A", "--max-new-tokens", 1)
+        assert torch.get_num_threads() == threads, n_embd
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    torch.set_num_threads(2)
+    sample_out(capsys, model_run(tmp_path, 16), "--prompt", "A", "--max-new-tokens", 1)
+    assert torch.get_num_threads() == 2
+
+
+def test_sample_py_run_as_a_script_prints_the_prompt_and_exits_0(run):
+    proc = script("sample.py", "--out-dir", run, "--prompt", "ROMEO:", "--max-new-tokens", 5)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    one_sample(proc.stdout, "ROMEO:", 5)

@@ -1,653 +1,656 @@
-"""train.py end to end on the tiny config (CPU, seconds): exact resume, failure modes, logging, DDP."""
+"""train.py end to end on the tiny preset (CPU, seconds): exact resume, stop signals, failures,
+the run folder, and what a run leaves and prints."""
 
-import glob
+import copy
+import errno
 import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import textwrap
+import time
+from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, one_error_line, script, tiny, tiny_args
 
 import train
-from configs import load_config
-from configs.errors import UserError
-from data.tokenizer import tokenizer_from_manifest
-from model import GPT, GPTConfig, generate
-from model.checkpoint import load_checkpoint, load_model
-from training.run import TrainingDiverged
+from configs import UserError, parse_args, run, settings
+from data.loader import Batches
+from model.checkpoint import load_checkpoint, save_checkpoint
+from model.gpt import GPT, GPTConfig
+from training.optim import lr_factor
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def tiny(out_dir, data_root, *argv):
-    cfg = load_config("tiny", ["--device", "cpu", "--sample-tokens", "0", *argv])
-    return replace(cfg, out_dir=str(out_dir), data_root=str(data_root))
+LONG = ("--max-iters", "100000", "--eval-interval", "100000")  # still training when signalled
 
 
-def records(run_dir, key):
-    lines = (json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl"))
-    return {r["step"]: r[key] for r in lines if key in r}
+def records(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_exact_resume_then_sample(tmp_path, data_root):
-    # dropout > 0 so a lost torch RNG state would change the losses; lr_decay_iters pins the schedule
-    argv = ["--dropout", "0.1", "--lr-decay-iters", "20", "--eval-interval", "5"]
-    full = train.train(tiny(tmp_path / "full", data_root, *argv, "--max-iters", "20"))
-    half = train.train(tiny(tmp_path / "half", data_root, *argv, "--max-iters", "10"))
-    assert half["step"] == 10 and load_checkpoint(tmp_path / "half")["step"] == 10
-    resumed = train.train(tiny(tmp_path / "half", data_root, *argv, "--max-iters", "20", "--resume"))
-    assert full["step"] == resumed["step"] == 20 and full["stopped"] == "max_iters"
-    losses = records(tmp_path / "full", "loss")
-    assert sorted(losses) == list(range(1, 21)) and losses == records(tmp_path / "half", "loss")
-    recs = [json.loads(line) for line in open(tmp_path / "full" / "metrics.jsonl")]  # every record's keys
-    steps = {"step", "loss", "lr", "tokens_per_s", "mfu", "grad_norm", "threads", "time"}
-    evals = {"step", "train_loss", "val_loss", "time"}
-    assert [(r["step"], set(r)) for r in recs] == [(0, evals)] + [
-        (s, k) for s in range(1, 21) for k in ([steps, evals] if s % 5 == 0 else [steps])]
-    # the lr each step trained with: 2 warmup steps to 1e-3, then the cosine to 1e-4 at step 20
-    lr = [1e-3 * (s + 1) / 3 if s < 2 else 1e-4 + 9e-4 * (1 + math.cos(math.pi * (s - 2) / 18)) / 2 for s in range(20)]
-    assert [r["lr"] for r in recs if "lr" in r] == pytest.approx(lr)
-    assert all(r["tokens_per_s"] > 0 and r["grad_norm"] > 0 and r["mfu"] is None for r in recs if "lr" in r)
-    assert records(tmp_path / "full", "val_loss") == records(tmp_path / "half", "val_loss")
-    a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "half")
-    assert a["model"].keys() == b["model"].keys()
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    assert a["best_val"] == b["best_val"] == full["best_val"] and full["val_loss"] == resumed["val_loss"]
-    assert resumed["val_loss"] < math.log(65)  # it learned something
-    for name in ("ckpt.pt", "config.json", "manifest.json", "metrics.jsonl", "loss.png"):
-        assert (tmp_path / "full" / name).is_file()
-    assert (tmp_path / "full" / "loss.png").read_bytes()[:4] == b"\x89PNG"
-    # --config <run dir> reads the config.json the run wrote: the same settings, vocab_size resolved
-    ran = tiny(tmp_path / "full", data_root, *argv, "--max-iters", "20")
-    assert load_config(str(tmp_path / "full")) == replace(ran, vocab_size=65, out_dir="out/tiny")
-
-    model, ckpt = load_model(tmp_path / "full")
-    tok = tokenizer_from_manifest(ckpt["manifest"])
-    idx = torch.tensor([tok.encode("\n")])
-    text = tok.decode([int(t[0]) for t in generate(model, idx, 20, generator=torch.Generator().manual_seed(0))])
-    assert len(text) == 20
+def losses(run_dir) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in records(run_dir) if "loss" in r}
 
 
-def test_the_loss_is_averaged_over_the_accumulated_micro_batches(tmp_path, data_root):
-    # 8 rows a step: one micro-batch of 8, or 4 of 2 accumulated; the same rows, so the same loss and update
-    same = ("--dtype", "float32", "--max-iters", "3", "--eval-interval", "100", "--tokens-per-step", "256")
-    train.train(tiny(tmp_path / "one", data_root, *same, "--batch-size", "8"))
-    train.train(tiny(tmp_path / "four", data_root, *same, "--batch-size", "2"))
-    one, four = records(tmp_path / "one", "loss"), records(tmp_path / "four", "loss")
-    assert one.keys() == four.keys() == {1, 2, 3} and all(abs(one[s] - four[s]) < 1e-5 for s in one)
-    a, b = load_checkpoint(tmp_path / "one")["model"], load_checkpoint(tmp_path / "four")["model"]
-    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+def val_losses(run_dir) -> dict[int, float]:
+    return {r["step"]: r["val_loss"] for r in records(run_dir) if "val_loss" in r}
 
 
-def test_dropout_is_the_runs_own_after_resume_and_init_from(tmp_path, data_root):
-    from model.hf import export_run
-
-    train.train(tiny(tmp_path / "a", data_root, "--max-iters", "2"))  # trained without dropout
-    shutil.copytree(tmp_path / "a", tmp_path / "b")
-    export_run(tmp_path / "a", tmp_path / "hf")
-    sources = {"b": ["--resume"], "c": ["--init-from", str(tmp_path / "a")], "d": ["--init-from", str(tmp_path / "hf")]}
-    for name, extra in sources.items():
-        train.train(tiny(tmp_path / name, data_root, "--dropout", "0.3", "--max-iters", "4", *extra))
-        assert load_checkpoint(tmp_path / name)["model_config"]["dropout"] == 0.3, name
-        model, _ = load_model(tmp_path / name)
-        assert {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} == {0.3}, name
+def saved_step(path) -> int:
+    return load_checkpoint(path)["state"]["step"]
 
 
-def test_resume_without_checkpoint_is_a_user_error(tmp_path, data_root):
-    with pytest.raises(UserError, match="no checkpoint at"):
-        train.train(tiny(tmp_path / "none", data_root, "--resume"))
+def assert_same(a, b, where="checkpoint"):
+    """Equal values, tensors equal bit for bit, all the way down."""
+    assert type(a) is type(b), where
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    else:
+        assert a == b, where
 
 
-def test_nan_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_root, monkeypatch):
+def assert_same_run(a, b):
+    """Two run folders hold the same training: checkpoints bit for bit (but for where they are)
+    and the same metrics (but for the clock)."""
+    ca, cb = (torch.load(d / "ckpt.pt", weights_only=True) for d in (a, b))
+    for c in ca, cb:
+        del c["config"]["out_dir"]
+    assert_same(ca, cb)
+    clock = ("time", "tokens_per_s")
+    ra, rb = ([{k: v for k, v in r.items() if k not in clock} for r in records(d)] for d in (a, b))
+    assert ra == rb
+
+
+def calling(hook):
+    """train.Batches, calling hook(step) as each step asks for its batches."""
+
+    class Hooked(Batches):
+        def __call__(self, step):
+            hook(step)
+            return super().__call__(step)
+
+    return Hooked
+
+
+def signal_at(sig, at_step):
+    def hook(step):
+        if step == at_step:
+            os.kill(os.getpid(), sig)
+
+    return calling(hook)
+
+
+def initial_weights(monkeypatch) -> dict:
+    """The weights of the next run's model before its first step, once it has started."""
+    start, make_optimizers = {}, train.make_optimizers
+
+    def keep(model, cfg, rt):
+        start.update(copy.deepcopy(model.state_dict()))
+        return make_optimizers(model, cfg, rt)
+
+    monkeypatch.setattr(train, "make_optimizers", keep)
+    return start
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_run_stopped_by_a_signal_and_resumed_ends_bit_for_bit_as_the_uninterrupted_one(
+    tmp_path, data_root, monkeypatch, optimizer
+):
+    """Dropout 0.1, so that the resumed run must draw the same dropout masks too."""
+    fields = dict(dropout=0.1, optimizer=optimizer)
+    full = train.train(tiny(tmp_path / "full", data_root, **fields))
+    assert full["step"] == 20 and full["stop_signal"] == 0
+    handler = signal.getsignal(signal.SIGUSR1)
+    monkeypatch.setattr(train, "Batches", signal_at(signal.SIGUSR1, 7))
+    cfg = tiny(tmp_path / "half", data_root, **fields)
+    stopped = train.train(cfg)
+    assert (stopped["step"], stopped["stop_signal"]) == (8, signal.SIGUSR1)  # step 7 finished
+    assert signal.getsignal(signal.SIGUSR1) is handler  # the run's handlers are gone
+    assert saved_step(tmp_path / "half" / "run" / "ckpt.pt") == 8
+    monkeypatch.setattr(train, "Batches", Batches)
+    resumed = train.train(replace(cfg, resume=True))
+    assert resumed == full
+    assert_same_run(tmp_path / "full" / "run", tmp_path / "half" / "run")
+    # the lr each step trained with: warmup over 2 steps, then the cosine down to min_lr
+    c = tiny(tmp_path, data_root)
+    expected = [c.lr * lr_factor(s, c, (s - 2) / 18) for s in range(20)]
+    logged = [r["lr"] for r in records(tmp_path / "full" / "run") if "lr" in r]
+    assert logged == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_logged_loss_is_the_mean_of_the_accumulated_micro_batches_losses(
+    tmp_path, data_root, monkeypatch
+):
+    start, drawn = initial_weights(monkeypatch), []
+
+    class Kept(Batches):
+        def __call__(self, step):
+            drawn.append(super().__call__(step))
+            return drawn[-1]
+
+    monkeypatch.setattr(train, "Batches", Kept)
+    cfg = tiny(tmp_path, data_root, dtype="float32", tokens_per_step=4 * 4 * 32, max_iters=1)
+    train.train(cfg)
+    [micro_batches] = drawn
+    model = GPT(GPTConfig(**load_checkpoint(tmp_path / "run")["model_config"]))
+    model.load_state_dict(start)
+    with torch.no_grad():
+        each = [model(x, y)[1].item() for x, y in micro_batches]
+    mean = sum(each) / 4
+    assert len(each) == 4 and min(abs(loss - mean) for loss in each) > 1e-4  # they differ
+    assert losses(tmp_path / "run") == {1: pytest.approx(mean, rel=1e-6)}
+
+
+TRAIN_THEN_LIST_THREADS = """\
+import os, sys
+import train
+code = train.main()
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+os.write(1, f"threads left: {names}\\n".encode())  # one write: the processes share stdout
+sys.exit(code)
+"""
+
+
+def test_the_same_result_whatever_the_split_between_processes_and_accumulation(
+    tmp_path, data_root, monkeypatch
+):
+    """8 rows of 32 tokens a step: 2 processes x 2 micro-batches of 2 rows (gloo; only the last
+    micro-batch all-reduces), or 1 process x 4 micro-batches: the same rows, the same update."""
+    same = ["--dtype", "float32", "--threads", "1", "--batch-size", "2"]
+    same += ["--tokens-per-step", "256", "--max-iters", "4", "--eval-interval", "2"]
+    (tmp_path / "train_then_list_threads.py").write_text(TRAIN_THEN_LIST_THREADS)
+    cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += [tmp_path / "train_then_list_threads.py"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ddp = script(*cmd, *tiny_args(tmp_path / "ddp", data_root, *same), env=env)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "2 x 2 processes x 2 rows" in ddp.stdout
+    # gloo's threads left running into interpreter exit can abort a finished job (SIGABRT)
+    left = re.findall(r"threads left: (\[.*?\])", ddp.stdout)
+    assert len(left) == 2 and not any("gloo" in names for names in left), ddp.stdout[-3000:]
+    start = initial_weights(monkeypatch)
+    one = parse_args(tiny_args(tmp_path / "one", data_root, *same))
+    assert train.train(one)["step"] == 4
+    a, b = (load_checkpoint(tmp_path / d / "run" / "ckpt.pt") for d in ("ddp", "one"))
+    assert a["state"] == b["state"] | {"best_val": pytest.approx(b["state"]["best_val"], abs=1e-6)}
+    diff = max((a["model"][k] - b["model"][k]).abs().max().item() for k in a["model"])
+    assert diff < 1e-6
+    moved = max((start[k] - b["model"][k]).abs().max().item() for k in b["model"])
+    assert moved > 1e-3  # the tolerance is not vacuous
+    la, lb = losses(tmp_path / "ddp" / "run"), losses(tmp_path / "one" / "run")
+    assert la.keys() == lb.keys() == {1, 2, 3, 4}
+    assert all(la[s] == pytest.approx(lb[s], abs=1e-6) for s in la)
+    va, vb = val_losses(tmp_path / "ddp" / "run"), val_losses(tmp_path / "one" / "run")
+    assert va.keys() == vb.keys() == {0, 2, 4}
+    assert all(va[s] == pytest.approx(vb[s], abs=1e-6) for s in va)
+
+
+def start(tmp_path, data_root, *extra, **kwargs) -> subprocess.Popen:
+    """train.py on the tiny preset in tmp_path/run, its output in tmp_path/out.txt, err.txt."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        return subprocess.Popen(
+            [sys.executable, "train.py", *tiny_args(tmp_path, data_root, *extra)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=err,
+            **kwargs,
+        )
+
+
+def output(tmp_path) -> tuple[str, str]:
+    return (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
+
+
+def wait_until(ready, proc, tmp_path, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, output(tmp_path)
+        assert time.monotonic() < deadline, output(tmp_path)
+        time.sleep(0.02)
+
+
+def logged(run_dir, at_least=1):
+    """Whether metrics.jsonl has at_least lines (the first: step 0's eval, by which time the run's
+    signal handlers are in place)."""
+    path = run_dir / "metrics.jsonl"
+    return lambda: path.is_file() and path.read_text().count("\n") >= at_least
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1])
+def test_a_stop_signal_saves_the_step_in_progress_and_exits_128_plus_its_number(
+    tmp_path, data_root, sig
+):
+    proc = start(tmp_path, data_root, *LONG, "--sample-tokens", "16")
+    try:
+        wait_until(logged(tmp_path / "run"), proc, tmp_path)
+        proc.send_signal(sig)
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    out, err = output(tmp_path)
+    assert code == 128 + sig, err[-2000:]
+    run_dir = tmp_path / "run"
+    step = saved_step(run_dir / "ckpt.pt")
+    assert step >= 1 and max(losses(run_dir)) == step  # the last step logged is the one saved
+    assert val_losses(run_dir).keys() == {0}  # a signal skips the final eval
+    assert f"stopped at step {step} by {sig.name}" in out
+    assert f"checkpoint {run_dir / 'ckpt.pt'}" in out and "a sample" not in out
+    assert "Traceback" not in err
+
+
+def test_a_second_ctrl_c_quits_at_once(tmp_path, data_root, monkeypatch, capsys):
+    def pressed_twice(step):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # the run's handler: stop after this step
+            os.kill(os.getpid(), signal.SIGINT)  # Python's again: KeyboardInterrupt, now
+
+    monkeypatch.setattr(train, "Batches", calling(pressed_twice))
+    monkeypatch.setattr(sys, "argv", ["train.py", *tiny_args(tmp_path, data_root)])
+    pipe, handler = signal.getsignal(signal.SIGPIPE), signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as e:
+            run(train.main)  # as `python train.py` runs it
+    finally:
+        signal.signal(signal.SIGPIPE, pipe)
+    assert e.value.code == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    assert max(losses(tmp_path / "run")) == 3  # step 3 (the 4th) neither finished nor saved
+    assert not (tmp_path / "run" / "ckpt.pt").exists()
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path, data_root):
+    """`cmd &` starts a job with SIGINT ignored: a Ctrl-C meant for the shell's foreground job
+    must not stop it. SIGTERM still does."""
+    ignore = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)
+    proc = start(tmp_path, data_root, *LONG, preexec_fn=ignore)
+    try:
+        wait_until(logged(tmp_path / "run"), proc, tmp_path)
+        proc.send_signal(signal.SIGINT)
+        lines = (tmp_path / "run" / "metrics.jsonl").read_text().count("\n")
+        wait_until(logged(tmp_path / "run", lines + 5), proc, tmp_path)  # 5 more steps: going on
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    assert code == 128 + signal.SIGTERM
+    assert "by SIGTERM" in output(tmp_path)[0]
+
+
+def poison_after(monkeypatch, good_steps):
+    """GPT.forward's training loss becomes nan after good_steps steps (one micro-batch each)."""
     forward, calls = GPT.forward, []
 
     def poisoned(self, idx, targets=None, **kw):
         logits, loss = forward(self, idx, targets, **kw)
-        calls.append(self.training)
-        if self.training and calls.count(True) >= 13:  # the 13th training step goes bad
-            loss = loss * float("nan")
+        if self.training:
+            calls.append(1)
+            if len(calls) > good_steps:
+                loss = loss * float("nan")
         return logits, loss
 
     monkeypatch.setattr(GPT, "forward", poisoned)
-    with pytest.raises(TrainingDiverged, match=r"loss became nan at step 13.*last good checkpoint.*step 10"):
-        train.train(tiny(tmp_path, data_root, "--eval-interval", "5"))
-    ckpt = load_checkpoint(tmp_path)
-    assert ckpt["step"] == 10 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
-    assert max(records(tmp_path, "loss")) == 12
 
 
-def test_eval_only_reproduces_the_runs_final_whole_split_eval(tmp_path, data_root, capsys):
-    whole = ("--eval-iters", "0", "--eval-batch-size", "1024")  # the whole val split, in a few batches
-    trained = train.train(tiny(tmp_path, data_root, *whole, "--max-iters", "5"))
-    step = load_checkpoint(tmp_path)["step"]
-    evaluated = train.train(tiny(tmp_path, data_root, *whole, "--eval-only"))
-    assert evaluated["stopped"] == "eval_only" and load_checkpoint(tmp_path)["step"] == step  # nothing trained
-    assert (evaluated["val_loss"], evaluated["train_loss"]) == (trained["val_loss"], trained["train_loss"])
-    again = train.train(tiny(tmp_path / "other", data_root, *whole, "--eval-only", "--init-from", str(tmp_path)))
-    assert again["val_loss"] == trained["val_loss"]  # the same run dir, as --init-from
-    assert f"perplexity {math.exp(trained['val_loss']):.2f}" in capsys.readouterr().out
-    with pytest.raises(UserError, match="--eval-only: no checkpoint in .*--init-from"):
-        train.train(tiny(tmp_path / "none", data_root, "--eval-only"))
+def test_a_nan_loss_stops_without_saving_and_names_the_last_good_checkpoint(
+    tmp_path, data_root, monkeypatch
+):
+    poison_after(monkeypatch, 12)
+    run_dir = tmp_path / "run"
+    kept = re.escape(f"keeping {run_dir / 'ckpt.pt'} (step 10)")
+    with pytest.raises(UserError, match=rf"^the loss became nan at step 13; stopped .*{kept}"):
+        train.train(tiny(tmp_path, data_root, eval_interval=5))
+    checkpoint = load_checkpoint(run_dir / "ckpt.pt")
+    assert checkpoint["state"]["step"] == 10
+    assert all(t.isfinite().all() for t in checkpoint["model"].values())
+    assert max(losses(run_dir)) == 12
 
 
-def test_max_time_budget_includes_final_eval_and_save(tmp_path, data_root):
-    # one-time imports (torch.optim pulls in torch._dynamo, ~3 s cold) would eat a 3 s budget
-    import matplotlib.pyplot  # noqa: F401
-    import torch._dynamo  # noqa: F401
-
-    # (whether the budget holds to the second is a benchmark's business: python -m benchmarks time-to-loss)
-    result = train.train(tiny(tmp_path, data_root, "--max-iters", "1000000", "--max-time", "3",
-                              "--eval-interval", "50"))
-    assert result["stopped"] == "max_time"
-    assert records(tmp_path, "val_loss").keys() >= {result["step"]}  # the final eval ran
-    assert load_checkpoint(tmp_path)["step"] == result["step"] > 20
+def scripted_evals(monkeypatch, val_losses):
+    """train.evaluate returns these val losses in turn (and a train loss of 1)."""
+    values = iter(val_losses)
+    monkeypatch.setattr(train, "evaluate", lambda *a: {"val_loss": next(values), "train_loss": 1.0})
 
 
-def test_sigint_saves_and_exits_130(tmp_path, data_root, monkeypatch, capsys):
-    forward, calls = GPT.forward, []
-
-    def interrupted(self, idx, targets=None, **kw):
-        calls.append(self.training)
-        if self.training and calls.count(True) == 4:
-            os.kill(os.getpid(), signal.SIGINT)  # as if Ctrl-C were pressed during step 4
-        return forward(self, idx, targets, **kw)
-
-    monkeypatch.setattr(GPT, "forward", interrupted)
-    argv = ["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--out-dir", str(tmp_path),
-            "--data-root", str(data_root)]
-    before = signal.getsignal(signal.SIGINT)  # SIG_IGN in a job started in the background
-    assert train.main(argv) == 130
-    assert load_checkpoint(tmp_path)["step"] == 4 and max(records(tmp_path, "val_loss")) == 4
-    assert "stopped at step 4 (SIGINT)" in capsys.readouterr().out
-    assert signal.getsignal(signal.SIGINT) is before  # handlers restored
+def test_best_pt_keeps_the_lowest_val_loss_while_ckpt_pt_is_the_latest(
+    tmp_path, data_root, monkeypatch
+):
+    scripted_evals(monkeypatch, [4.0, 3.0, 2.0, 2.5, 2.7])  # steps 0, 5, 10, 15, 20
+    result = train.train(tiny(tmp_path, data_root, eval_interval=5))
+    run_dir = tmp_path / "run"
+    assert result["val_loss"] == 2.7
+    latest, best = (load_checkpoint(run_dir / n) for n in ("ckpt.pt", "best.pt"))
+    assert latest["state"]["step"] == 20 and latest["state"]["best_val"] == 2.0
+    assert best["state"]["step"] == 10 and best["state"]["best_val"] == 2.0
+    assert load_checkpoint(run_dir)["state"]["step"] == 10  # what sample.py reads: best.pt
+    assert val_losses(run_dir) == {0: 4.0, 5: 3.0, 10: 2.0, 15: 2.5, 20: 2.7}
 
 
-def test_wandb_offline_logs_into_the_run_dir(tmp_path, data_root, monkeypatch):
-    pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    result = train.train(tiny(tmp_path, data_root, "--wandb", "--max-iters", "4", "--eval-interval", "2",
-                              "--sample-tokens", "8"))
-    runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
-    assert len(runs) == 1
-    blob = Path(runs[0]).read_bytes()  # wandb's record log: keys are stored as plain strings
-    assert all(key in blob for key in (b"val_loss", b"train_loss", b"tokens_per_s", b"n_layer", b"samples"))
-    assert load_checkpoint(tmp_path)["wandb_id"] in runs[0] and result["step"] == 4
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_non_finite_val_loss_stops_before_saving(tmp_path, data_root, monkeypatch, bad):
+    scripted_evals(monkeypatch, [4.0, 3.0, bad])
+    run_dir = tmp_path / "run"
+    kept = re.escape(f"keeping {run_dir / 'ckpt.pt'} (step 5)")
+    with pytest.raises(UserError, match=rf"^the val loss became {bad} at step 10; .*{kept}"):
+        train.train(tiny(tmp_path, data_root, eval_interval=5))
+    assert saved_step(run_dir / "ckpt.pt") == saved_step(run_dir / "best.pt") == 5
+    assert val_losses(run_dir) == {0: 4.0, 5: 3.0}
 
 
-def boom(gm, example_inputs):
-    raise RuntimeError("no working C++ compiler\n(a long Inductor message)")
+def test_eval_only_reproduces_a_finished_runs_final_whole_split_val_loss(
+    tmp_path, data_root, capsys
+):
+    trained = train.train(tiny(tmp_path, data_root, max_iters=5, eval_iters=0, eval_batch_size=512))
+    run_dir = tmp_path / "run"
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    capsys.readouterr()
+    # --eval-only reads all of val whatever --eval-iters says (tiny's: 2 batches)
+    evaluated = train.train(tiny(tmp_path, data_root, eval_only=True, eval_batch_size=512))
+    assert evaluated["val_loss"] == trained["val_loss"]
+    assert evaluated["train_loss"] == trained["train_loss"]
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before  # nothing trained
+    out = capsys.readouterr().out
+    assert (
+        f"val_loss {trained['val_loss']:.4f}  perplexity {math.exp(trained['val_loss']):.2f}" in out
+    )
 
 
-@pytest.fixture
-def fresh_dynamo():
-    """Compiled code is cached on GPT.forward's code object; a test's cache must not reach the next."""
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+def test_max_time_stops_the_run_with_its_final_eval_and_save_done(tmp_path, data_root, capsys):
+    cfg = tiny(tmp_path, data_root, max_iters=1_000_000, max_time=3.0, eval_interval=1_000_000)
+    result = train.train(cfg)
+    step = result["step"]
+    assert 0 < step < cfg.max_iters and result["stop_signal"] == 0
+    assert val_losses(tmp_path / "run").keys() == {0, step}  # the final eval
+    state = load_checkpoint(tmp_path / "run" / "ckpt.pt")["state"]
+    assert state["step"] == state["evaluated"] == step
+    assert f"stopped at step {step} by max_time" in capsys.readouterr().out
 
 
-FALLBACK_ARGV = ["--max-iters", "4", "--eval-interval", "2", "--dropout", "0.1"]  # dropout: RNG restored too
+def test_a_changed_lr_takes_effect_on_resume_and_config_json_then_holds_it(tmp_path, data_root):
+    train.train(parse_args(tiny_args(tmp_path, data_root, "--max-iters", "4")))
+    run_dir = tmp_path / "run"
+    assert json.loads((run_dir / "config.json").read_text())["lr"] == 1e-3
+    # min_lr = lr: the cosine's floor is its peak, so every step's lr is 5e-3
+    again = ("--resume", "--max-iters", "8", "--lr", "5e-3", "--min-lr", "5e-3")
+    train.train(parse_args(tiny_args(tmp_path, data_root, *again)))
+    lrs = {r["step"]: r["lr"] for r in records(run_dir) if "lr" in r}
+    assert all(lrs[s] <= 1e-3 for s in range(1, 5)) and [lrs[s] for s in range(5, 9)] == [5e-3] * 4
+    checkpoint = load_checkpoint(run_dir / "ckpt.pt")
+    assert [g["lr"] for g in checkpoint["optimizer"][0]["param_groups"]] == [5e-3, 5e-3]
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved == checkpoint["config"] and (saved["lr"], saved["max_iters"]) == (5e-3, 8)
+
+
+def test_resuming_a_finished_run_adds_no_eval_and_no_step(tmp_path, data_root, monkeypatch):
+    cfg = tiny(tmp_path, data_root, max_iters=4)
+    train.train(cfg)
+    run_dir = tmp_path / "run"
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    calls = []
+    evaluate = train.evaluate
+    monkeypatch.setattr(train, "evaluate", lambda *a: calls.append("eval") or evaluate(*a))
+    monkeypatch.setattr(train, "Batches", calling(lambda step: calls.append(step)))
+    result = train.train(replace(cfg, resume=True))
+    assert result == {"step": 4, "stop_signal": 0} and calls == []
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+def test_a_resume_drops_the_metrics_past_its_checkpoint_then_appends(tmp_path, data_root):
+    cfg = tiny(tmp_path, data_root, max_iters=6, eval_interval=3)
+    train.train(cfg)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    kept = metrics.read_text()
+    # a run that went on past the checkpoint at step 6 and was killed before its next save
+    bogus = [{"step": 7, "loss": 99.0}, {"step": 9, "val_loss": 99.0, "train_loss": 99.0}]
+    metrics.write_text(kept + "".join(json.dumps(r) + "\n" for r in bogus))
+    train.train(replace(cfg, max_iters=8, resume=True))
+    assert metrics.read_text().startswith(kept)
+    lines = [(r["step"], "loss" in r) for r in records(tmp_path / "run")]
+    evals = [(s, False) for s in (0, 3, 6, 8)]
+    steps = [(s, True) for s in range(1, 9)]
+    assert lines == sorted(evals + steps, key=lambda line: (line[0], not line[1]))
+    assert 99.0 not in [v for r in records(tmp_path / "run") for v in r.values()]
+
+
+def test_config_json_holds_the_settings_and_resume_keeps_the_saved_thread_count(
+    tmp_path, data_root, monkeypatch
+):
+    """The thread count changes how a CPU sums, so a resumed run keeps the one it started with,
+    however many cores are idle then."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads = []
+    monkeypatch.setattr(
+        train, "Batches", calling(lambda step: threads.append(torch.get_num_threads()))
+    )
+    monkeypatch.setattr("training.runtime.idle_cores", lambda: 1)
+    cfg = parse_args(tiny_args(tmp_path, data_root, "--max-iters", "2"))
+    train.train(cfg)
+    run_dir = tmp_path / "run"
+    vocab_size = load_checkpoint(run_dir / "ckpt.pt")["model_config"]["vocab_size"]
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved == settings(replace(cfg, threads=1, vocab_size=vocab_size))
+    assert saved == load_checkpoint(run_dir / "ckpt.pt")["config"] and threads == [1, 1]
+    monkeypatch.setattr("training.runtime.idle_cores", lambda: 2)
+    threads.clear()
+    train.train(parse_args(tiny_args(tmp_path, data_root, "--resume", "--max-iters", "4")))
+    assert threads == [1, 1]
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert (saved["threads"], saved["max_iters"], saved["resume"]) == (1, 4, False)
+    threads.clear()  # a fresh run takes the idle cores
+    train.train(parse_args(tiny_args(tmp_path / "fresh", data_root, "--max-iters", "1")))
+    assert threads == [2]
+
+
+@contextmanager
+def busy_process():
+    """Another program keeping a core busy. Niced: it takes what the run leaves idle, so that a
+    run counting idle cores counts one fewer, and slows the run itself but little."""
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.nice(19)
+    )
+    try:
+        yield
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+# Two threads, so that how the CPU sums could change; given, since the idle cores that a run would
+# otherwise count change with whatever else runs on the machine (the other tests, other users).
+BUSY = ("--threads", "2", "--dropout", "0.1", "--max-iters", "6", "--eval-interval", "3")
 
 
 @pytest.fixture(scope="module")
-def eager_run(tmp_path_factory, data_root):
-    run_dir = tmp_path_factory.mktemp("eager")
-    return train.train(tiny(run_dir, data_root, *FALLBACK_ARGV)), records(run_dir, "loss")
+def undisturbed(tmp_path_factory, data_root):
+    """A run with nothing else busy on purpose: its folder."""
+    base = tmp_path_factory.mktemp("undisturbed")
+    done = script("train.py", *tiny_args(base, data_root, *BUSY))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return base / "run"
 
 
-@pytest.mark.parametrize("when", ["wrapping the model", "in the first step", "in the first backward"])
-def test_compile_failure_continues_uncompiled_exactly(tmp_path, data_root, eager_run, monkeypatch, capsys,
-                                                     fresh_dynamo, when):
-    from torch._dynamo.backends.common import aot_autograd
-
-    real_compile = torch.compile
-
-    def failing_compile(model, **kw):
-        if when == "wrapping the model":
-            raise RuntimeError("torch.compile is not supported on this Python")
-        # The backward compiles lazily, at the first backward: the step fails after its forward ran.
-        backend = boom if when == "in the first step" else aot_autograd(fw_compiler=lambda gm, _: gm, bw_compiler=boom)
-        return real_compile(model, backend=backend)
-
-    monkeypatch.setattr(torch, "compile", failing_compile)
-    capsys.readouterr()
-    fell_back = train.train(tiny(tmp_path, data_root, *FALLBACK_ARGV, "--compile"))
-    out = capsys.readouterr().out
-    first = out.splitlines()[0]  # the first line states the plan: compiling
-    assert first.startswith("cpu") and first.endswith(", compile on")
-    notes = [line for line in out.splitlines() if "torch.compile failed" in line]
-    said = ("wrapping the model (RuntimeError: torch.compile is not supported on this Python)" if when == "wrapping the model"
-            else "in the first step (RuntimeError: no working C++ compiler)")
-    assert len(notes) == 1 and notes[0].endswith(f"torch.compile failed {said}; continuing uncompiled")
-    eager, eager_losses = eager_run
-    assert records(tmp_path, "loss") == eager_losses and fell_back["val_loss"] == eager["val_loss"]
-
-
-def test_only_the_training_step_is_compiled(tmp_path, data_root, monkeypatch, fresh_dynamo):
-    shapes, real_compile = [], torch.compile
-
-    def recording(gm, example_inputs):  # a backend that records the token inputs and runs the graph as is
-        shapes.extend(tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor) and t.dtype == torch.long)
-        return gm.forward
-
-    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, backend=recording))
-    # evaluation in batches of 7 and sampling one growing row: shapes a compiled step never sees
-    result = train.train(tiny(tmp_path, data_root, "--compile", "--max-iters", "4", "--eval-interval", "2",
-                              "--eval-batch-size", "7", "--sample-tokens", "8"))
-    assert shapes and set(shapes) == {(4, 32)}  # (batch_size, block_size): idx and targets
-    assert result["step"] == 4 and len(result["sample"]) == 8
-
-
-@pytest.mark.parametrize("attention", ["sdpa", "explicit"])
-def test_the_compiled_step_runs_the_attention_the_config_names(attention, fresh_dynamo):
-    """The aten ops of a compiled training forward and backward: SDPA's kernels for "sdpa", a
-    spelled-out softmax for "explicit", never the other (on a GPU the explicit path cost 1.5x the
-    step and 1.8x the memory of SDPA's, unseen, when compiling switched it)."""
-    from torch._dynamo.backends.common import aot_autograd
-
-    ops = []
-
-    def record(gm, example_inputs):  # the graph's aten ops; it then runs as it is
-        ops.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
-        return gm.forward
-
-    model = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16, attention=attention))
-    step = torch.compile(model, backend=aot_autograd(fw_compiler=record, bw_compiler=record))
-    x = torch.randint(0, 32, (2, 16))
-    step(x, x)[1].backward()
-    sdpa = [op for op in ops if "scaled_dot_product" in op]
-    softmax = [op for op in ops if op.startswith("aten._softmax")]  # not the loss's log_softmax
-    assert (bool(sdpa), bool(softmax)) == ((True, False) if attention == "sdpa" else (False, True)), ops
-    assert len(sdpa if attention == "sdpa" else softmax) == 2  # the forward's and the backward's
-
-
-def test_deterministic_is_stated_first_and_repeats_bit_for_bit(tmp_path, data_root, capsys):
-    """--deterministic (bit-identical repeats on a GPU; CPU kernels already are): accepted, stated in
-    the first line, and two runs end with the same weights, bit for bit."""
+def test_the_same_command_gives_the_same_weights_when_a_busy_process_starts_during_the_run(
+    tmp_path, data_root, undisturbed
+):
+    proc = start(tmp_path, data_root, *BUSY)
     try:
-        weights = []
-        for run in ("a", "b"):
-            train.train(tiny(tmp_path / run, data_root, "--deterministic", "--max-iters", "3", "--dropout", "0.1"))
-            assert capsys.readouterr().out.splitlines()[0].endswith(", deterministic")
-            weights.append(load_checkpoint(tmp_path / run)["model"])
-        assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
-        assert torch.are_deterministic_algorithms_enabled()
-        train.train(tiny(tmp_path / "c", data_root, "--max-iters", "1"))  # a later run without it
-        assert not torch.are_deterministic_algorithms_enabled()
-    finally:
-        torch.use_deterministic_algorithms(False)
-
-
-def test_same_result_whatever_the_split_between_processes_and_accumulation(tmp_path, data_root):
-    # 8 rows of 32 tokens per step, 2 rows per micro-batch: 1 process x 4 micro-steps, 2 x 2
-    # (gloo, no_sync on the first micro-step) and 4 x 1 train on the same rows each step.
-    argv = ["--config", "tiny", "--device", "cpu", "--dtype", "float32", "--sample-tokens", "0", "--batch-size", "2",
-            "--tokens-per-step", "256", "--eval-interval", "3", "--data-root", str(data_root)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    # train.py's main, then the names of the threads the process still has: gloo's workers left
-    # running into interpreter exit abort a finished job now and then (see Runtime.close)
-    script = tmp_path / "train_then_list_threads.py"
-    script.write_text(textwrap.dedent("""\
-        import os, sys, train
-        code = train.main(sys.argv[1:])
-        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-        os.write(1, f"threads left: {names}\\n".encode())  # one write: the ranks share stdout
-        sys.exit(code)
-        """))
-
-    def run(processes, name, *extra):
-        args = [*argv, "--out-dir", str(tmp_path / name), *extra]
-        if processes == 1:
-            assert train.main(args) == 0
-            return
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-               str(script), *args]
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        left = re.findall(r"threads left: (\[.*?\])", proc.stdout)  # whole, though maybe mid-line
-        assert len(left) == processes and not any("gloo" in names for names in left), proc.stdout[-3000:]
-
-    def max_diff(a, b):
-        a, b = load_checkpoint(tmp_path / a)["model"], load_checkpoint(tmp_path / b)["model"]
-        return max((a[k] - b[k]).abs().max().item() for k in a)
-
-    run(1, "1x4_3", "--max-iters", "3")
-    run(1, "1x4", "--max-iters", "6")
-    run(4, "4x1", "--max-iters", "3")
-    run(2, "2x2", "--max-iters", "6")
-    shutil.copytree(tmp_path / "4x1", tmp_path / "4x1_then_1x4")
-    run(1, "4x1_then_1x4", "--max-iters", "6", "--resume")  # 4 processes for 3 steps, then 1
-    diffs = {"4x1": max_diff("4x1", "1x4_3"), "2x2": max_diff("2x2", "1x4"),
-             "4x1_then_1x4": max_diff("4x1_then_1x4", "1x4")}
-    print(f"max weight difference from 1 process x 4 micro-steps: {diffs}")
-    assert all(d < 1e-5 for d in diffs.values()) and max_diff("1x4_3", "1x4") > 1e-3  # not vacuous
-    one = records(tmp_path / "1x4", "loss")
-    assert sorted(one) == list(range(1, 7)) and load_checkpoint(tmp_path / "4x1_then_1x4")["loader"]["step"] == 6
-    for name in ("2x2", "4x1_then_1x4"):  # the resumed run continued with steps 4-6's batches
-        losses = records(tmp_path / name, "loss")
-        assert losses.keys() == one.keys() and all(abs(losses[s] - one[s]) < 1e-5 for s in one)
-
-
-def scripted_evals(monkeypatch, val_losses, log=None):
-    """train.evaluate returns these val losses in turn (train loss 1.0), noting what was on disk."""
-    vals = iter(val_losses)
-
-    def fake(model, ds_dir, cfg, rt):
-        if log is not None:
-            ckpt = Path(cfg.out_dir) / "ckpt.pt"
-            log.append(load_checkpoint(ckpt)["step"] if ckpt.is_file() else None)
-        return {"val_loss": next(vals), "train_loss": 1.0}
-
-    monkeypatch.setattr(train, "evaluate", fake)
-
-
-def test_best_pt_keeps_the_lowest_val_while_ckpt_pt_is_the_latest(tmp_path, data_root, monkeypatch):
-    scripted_evals(monkeypatch, [4.0, 3.0, 2.0, 2.5, 2.7])  # steps 0, 5, 10, 15, 20: overfits after 10
-    result = train.train(tiny(tmp_path, data_root, "--eval-interval", "5"))
-    assert load_checkpoint(tmp_path)["step"] == 20 and result["best_val"] == 2.0
-    best = load_checkpoint(tmp_path, best=True)
-    assert best["step"] == 10 and best["best_val"] == 2.0
-    from model.checkpoint import find_checkpoint
-    assert find_checkpoint(tmp_path, best=True).name == "best.pt"  # what sample.py and --init-from read
-
-
-def test_a_non_finite_val_loss_stops_before_saving(tmp_path, data_root, monkeypatch):
-    scripted_evals(monkeypatch, [4.0, 3.0, float("nan")])
-    with pytest.raises(TrainingDiverged, match=r"val loss became nan at step 10.*last good checkpoint.*step 5"):
-        train.train(tiny(tmp_path, data_root, "--eval-interval", "5"))
-    assert load_checkpoint(tmp_path)["step"] == 5 and load_checkpoint(tmp_path, best=True)["step"] == 5
-
-
-def test_sigterm_saves_before_it_evaluates(tmp_path, data_root, monkeypatch):
-    on_disk = []
-    scripted_evals(monkeypatch, [4.0, 3.0], log=on_disk)
-    forward, calls = GPT.forward, []
-
-    def preempted(self, idx, targets=None, **kw):
-        calls.append(self.training)
-        if self.training and calls.count(True) == 7:
-            os.kill(os.getpid(), signal.SIGTERM)  # the cluster preempts during step 7
-        return forward(self, idx, targets, **kw)
-
-    monkeypatch.setattr(GPT, "forward", preempted)
-    result = train.train(tiny(tmp_path, data_root, "--eval-interval", "100"))
-    assert result["stopped"] == "SIGTERM" and result["step"] == 7
-    assert on_disk == [None, 7]  # the eval after the signal found step 7 already saved
-
-
-def test_changed_lr_takes_effect_on_resume(tmp_path, data_root):
-    train.train(tiny(tmp_path, data_root, "--max-iters", "10"))
-    with pytest.raises(TrainingDiverged, match="loss became"):  # lr 1e3 diverges within steps
-        train.train(tiny(tmp_path, data_root, "--max-iters", "60", "--resume", "--lr", "1e3", "--min-lr", "1e3",
-                         "--grad-clip", "0"))
-
-
-def test_second_ctrl_c_quits_in_one_line(tmp_path, data_root, monkeypatch, capsys):
-    forward, calls = GPT.forward, []
-
-    def pressed_twice(self, idx, targets=None, **kw):
-        calls.append(self.training)
-        if self.training and calls.count(True) == 13:
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)
-        return forward(self, idx, targets, **kw)
-
-    monkeypatch.setattr(GPT, "forward", pressed_twice)
-    argv = ["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--out-dir", str(tmp_path),
-            "--data-root", str(data_root), "--eval-interval", "5"]
-    assert train.main(argv) == 130
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == f"quit at step 12 without saving; kept {tmp_path / 'ckpt.pt'} (step 10)"
-    assert load_checkpoint(tmp_path)["step"] == 10
-
-
-class FakeWandbRun:
-    """What wandb.init returns, without a server: starting_step is what a resumed run's server holds (its
-    last step + 1); logged is every log call, its step included."""
-    id, settings = "abc", type("S", (), {"mode": "online"})()
-
-    def __init__(self, starting_step=0):
-        self.starting_step, self.logged, self.summary, self.finished = starting_step, [], {}, None
-
-    def log(self, values, step):
-        self.logged.append(values | {"step": step})
-
-    def finish(self, exit_code=0):
-        self.finished = exit_code
-
-
-def fake_wandb(monkeypatch, run):
-    table = staticmethod(lambda columns, data: [row[0] for row in data])  # a samples table: its steps
-    monkeypatch.setitem(sys.modules, "wandb", type("W", (), {"init": staticmethod(lambda **kw: run),
-                                                             "Table": table}))
-    monkeypatch.setenv("WANDB_MODE", "online")
-
-
-def test_runlog_wandb_exit_code_best_summary_and_no_relogged_steps(tmp_path, monkeypatch):
-    from training.runlog import RunLog
-    fake = FakeWandbRun(starting_step=31)  # wandb holds steps up to 30
-    fake_wandb(monkeypatch, fake)
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0, "val_loss": v}) + "\n"
-                                                    for s, v in ((10, 3.0), (20, 2.0), (30, 1.0))))
-    log = RunLog(tmp_path, started=0.0, resume_step=20)  # crashed after step 30, saved at 20
-    log.start_wandb("p", "n", {}, "abc")
-    for step, val in ((21, None), (30, 2.5), (31, 2.2)):
-        log.log({"step": step, "loss": 1.0, **({"val_loss": val} if val else {})})
-    log.close(exit_code=1)
-    assert [r["step"] for r in fake.logged] == [31] and fake.finished == 1
-    assert fake.summary == {"best_val_loss": 2.0}  # the redone step 30's 1.0 is gone; its 2.0 at step 20 is the best
-    assert fake.logged[0]["val_loss"] == 2.2  # and wandb's own summary keeps the last val_loss
-    assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [10, 20, 21, 30, 31]
-
-
-@pytest.mark.parametrize("held", [30, 95])  # at the kill, wandb lagged behind metrics.jsonl's 90, or got past it
-def test_runlog_resumed_after_kill_9_gives_wandb_what_metrics_jsonl_holds(tmp_path, monkeypatch, held):
-    from training.runlog import RunLog
-
-    def attempt(resume_step, starting_step, steps):
-        run = FakeWandbRun(starting_step)
-        fake_wandb(monkeypatch, run)
-        log = RunLog(tmp_path, started=0.0, resume_step=resume_step)
-        log.start_wandb("p", "n", {}, "abc")
-        for step in steps:  # a redone step logs the same numbers: resume is bit-exact
-            log.log({"step": step, "loss": 10 - step / 100, "mfu": None})
-            if step % 50 == 0:  # an eval: its record and a sample at the same step
-                log.log({"step": step, "val_loss": 9 - step / 100})
-                log.log_sample(step, f"text at {step}")
-        return run
-
-    first, path = attempt(None, 0, range(5, 100, 5)), tmp_path / "metrics.jsonl"
-    lines = path.read_text().splitlines()  # kill -9 after step 95: its line was lost
-    path.write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= 90))
-    second = attempt(50, held + 1, range(55, 125, 5))  # resumed from the checkpoint at step 50
-    sent = [r for r in first.logged if r["step"] <= held] + second.logged
-    metrics = [{k: v for k, v in json.loads(line).items() if v is not None} for line in open(path)]
-    assert [r for r in sent if "samples" not in r] == metrics  # each record once, in order, none missing
-    samples = [r["step"] for r in sent if "samples" in r]  # not in metrics.jsonl: those past the checkpoint
-    assert len(samples) == len(set(samples)) and 100 in samples
-
-
-def test_sigterm_during_an_eval_stops_it_saves_and_exits_without_another_step(tmp_path, data_root, monkeypatch,
-                                                                            capsys):
-    forward, steps, evals_at_10 = GPT.forward, [], []
-
-    def preempted(self, idx, targets=None, **kw):
-        if self.training:
-            steps.append(1)
-        elif len(steps) == 10:  # the eval at step 10 (or the save's probe of the weights)
-            evals_at_10.append(1)
-            if len(evals_at_10) == 1:
-                os.kill(os.getpid(), signal.SIGTERM)
-        return forward(self, idx, targets, **kw)
-
-    monkeypatch.setattr(GPT, "forward", preempted)
-    assert train.main(args := ["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--out-dir",
-                               str(tmp_path), "--data-root", str(data_root)]) == 143
-    assert len(steps) == 10 and load_checkpoint(tmp_path)["step"] == 10
-    assert len(evals_at_10) == 2  # the eval's first batch, then the save's probe: no more eval batches
-    assert max(records(tmp_path, "val_loss")) == 0  # the cut eval is not recorded, and none ran after it
-    out = capsys.readouterr().out
-    assert "stopped at step 10 (SIGTERM, during its eval)" in out and "final:" not in out
-    monkeypatch.setattr(GPT, "forward", forward)
-    assert train.main([*args, "--resume"]) == 0 and load_checkpoint(tmp_path)["step"] == 20
-
-
-def test_a_second_ctrl_c_during_the_save_lets_it_finish_then_quits_in_one_line(tmp_path, data_root, monkeypatch,
-                                                                               capsys):
-    forward, save, steps = GPT.forward, torch.save, []
-
-    def pressed(self, idx, targets=None, **kw):
-        steps.append(self.training)
-        if steps.count(True) == 4 and self.training:
-            os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C, during step 4: save, then eval
-        return forward(self, idx, targets, **kw)
-
-    class PressedAgain:  # the file torch.save writes: the second Ctrl-C lands in the middle of the write
-        def __init__(self, f):
-            self.f, self.pressed = f, False
-
-        def write(self, data):
-            if not self.pressed:
-                self.pressed = True
-                os.kill(os.getpid(), signal.SIGINT)
-            return self.f.write(data)
-
-        def flush(self):
-            self.f.flush()
-
-    monkeypatch.setattr(GPT, "forward", pressed)
-    monkeypatch.setattr(torch, "save", lambda obj, f, **kw: save(obj, PressedAgain(f), **kw))
-    assert train.main(["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--out-dir", str(tmp_path),
-                       "--data-root", str(data_root)]) == 130
-    err = capsys.readouterr().err
-    assert err.strip().splitlines()[-1] == f"quit at step 4; kept {tmp_path / 'ckpt.pt'} (step 4)"
-    assert "Traceback" not in err and "Error" not in err
-    assert load_checkpoint(tmp_path)["step"] == 4 and not list(tmp_path.glob(".*.tmp"))
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2, signal.SIGXCPU])  # USR2: Grid Engine's warning
-def test_a_stop_signal_during_training_skips_the_end_of_run_sample(tmp_path, data_root, monkeypatch, capsys, sig):
-    trunk, decoded, steps = GPT.trunk, [], []
-
-    def stopped_at_step_5(self, *a, **kw):
-        if kw.get("kv_cache") is not None:  # a decoding step of the sample
-            decoded.append(1)
-        elif torch.is_grad_enabled() and self.training:  # a training step (not the time probe: say_if_long)
-            steps.append(1)
-            if len(steps) == 5:
-                os.kill(os.getpid(), sig)
-        return trunk(self, *a, **kw)
-
-    monkeypatch.setattr(GPT, "trunk", stopped_at_step_5)
-    assert train.main(["--config", "tiny", "--device", "cpu", "--sample-tokens", "200", "--out-dir", str(tmp_path),
-                       "--data-root", str(data_root)]) == 128 + sig
-    assert decoded == []  # a scheduler waited for all 200 tokens
-    assert f"stopped at step 5 ({sig.name})" in capsys.readouterr().out and load_checkpoint(tmp_path)["step"] == 5
-
-
-def test_sigterm_during_the_end_of_run_sample_stops_it_and_says_the_run_is_saved(tmp_path, data_root, monkeypatch,
-                                                                                capsys):
-    trunk, decoded = GPT.trunk, []
-
-    def preempted(self, *a, **kw):
-        if kw.get("kv_cache") is not None:  # a decoding step of the sample
-            decoded.append(1)
-            if len(decoded) == 5:
-                os.kill(os.getpid(), signal.SIGTERM)
-        return trunk(self, *a, **kw)
-
-    monkeypatch.setattr(GPT, "trunk", preempted)
-    assert train.main(["--config", "tiny", "--device", "cpu", "--sample-tokens", "200", "--out-dir", str(tmp_path),
-                       "--data-root", str(data_root)]) == 143
-    assert len(decoded) == 5  # stopped at once, not after 200 tokens
-    out, err = capsys.readouterr()
-    assert f"SIGTERM: the sample was cut short; kept {tmp_path / 'ckpt.pt'} (step 20)" in err
-    assert "nothing was saved" not in err + out and "sample (python sample.py" not in out
-    assert load_checkpoint(tmp_path)["step"] == 20
-
-
-def ctrl_c(cmd, when, cwd=ROOT):
-    """Run cmd, press Ctrl-C (SIGINT) as soon as when(pid) is true; (exit code, stderr)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        while proc.poll() is None and not when(proc.pid):
-            pass
-        proc.send_signal(signal.SIGINT)
-        return proc.wait(timeout=60), proc.stderr.read()
+        wait_until(lambda: output(tmp_path)[0].count("\n") >= 1, proc, tmp_path)  # its first line
+        with busy_process():
+            code = proc.wait(timeout=300)
     finally:
         proc.kill()
+    assert code == 0, output(tmp_path)[1][-3000:]
+    assert output(tmp_path)[0].startswith("cpu, 2 threads")
+    assert_same_run(undisturbed, tmp_path / "run")
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="watches /proc/PID/maps for a library")
-@pytest.mark.parametrize("command, library", [
-    ("train.py --config tiny --out-dir OUT", "libtorch"), ("sample.py --config tiny --out-dir OUT", "libtorch"),
-    ("-m model --config tiny", "libtorch"), ("-m model.hf export OUT OUT/hf", "libtorch"),
-    ("-m data.prepare shakespeare_char --out-root OUT", "_multiarray_umath")])  # numpy's
-def test_ctrl_c_while_a_script_imports_is_one_line(tmp_path, command, library):
-    def importing(pid):
-        return library in Path(f"/proc/{pid}/maps").read_text()
-
-    code, err = ctrl_c([sys.executable, *command.replace("OUT", str(tmp_path)).split()], importing)
-    assert (code, err.strip()) == (130, "interrupted; nothing was changed")
-    assert not tmp_path.exists() or not list(tmp_path.iterdir())
-
-
-def test_after_a_scripts_main_returns_ctrl_c_is_ignored(monkeypatch):
-    from configs.errors import entry_point
-
-    def main():
-        return 0
-
-    monkeypatch.setattr(main, "__module__", "__main__")  # as when run as a script
-    monkeypatch.setattr(signal, "signal", lambda sig, handler: calls.append((sig, handler)))
-    calls = []
-    assert entry_point(main)() == 0  # a Ctrl-C ~10 ms after data.prepare finished hit torch's atexit: a traceback
-    assert calls == [(signal.SIGINT, signal.SIG_IGN)]
+def test_a_run_stopped_by_ctrl_c_and_resumed_beside_a_busy_process_ends_as_the_undisturbed_one(
+    tmp_path, data_root, undisturbed
+):
+    """Beside the busy process, a count of idle cores would find one fewer than the run's two
+    threads: the resumed run keeps the two it started with."""
+    proc = start(tmp_path, data_root, *BUSY)
+    try:
+        wait_until(logged(tmp_path / "run"), proc, tmp_path)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, output(tmp_path)
+    finally:
+        proc.kill()
+    assert saved_step(tmp_path / "run" / "ckpt.pt") < 6
+    with busy_process():
+        resumed = script("train.py", *tiny_args(tmp_path, data_root, "--resume"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.startswith("cpu, 2 threads")
+    assert_same_run(undisturbed, tmp_path / "run")
 
 
-def test_ctrl_c_during_data_prepare_is_one_line_and_keeps_the_dataset(tmp_path):
-    from data.prepare import prepare
-
-    text = (ROOT / "data" / "corpora" / "tinyshakespeare" / "input.txt").read_text()
-    (tmp_path / "small.txt").write_text(text)
-    (tmp_path / "big.txt").write_text(text * 30)  # 33 MB: seconds to tokenize
-    before = prepare(text=tmp_path / "small.txt", tokenizer="char", name="ds", out_root=tmp_path, verbose=False)
-    manifest = (before / "manifest.json").read_text()
-    code, err = ctrl_c([sys.executable, "-m", "data.prepare", "--text", str(tmp_path / "big.txt"), "--name", "ds",
-                        "--tokenizer", "char", "--out-root", str(tmp_path), "--force"],
-                       lambda pid: (tmp_path / ".ds.tmp").exists())  # the rebuild beside the dataset started
-    assert (code, err.strip()) == (130, "interrupted; nothing was changed")
-    assert (before / "manifest.json").read_text() == manifest and not (tmp_path / ".ds.tmp").exists()
+def wandb_env(mode: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    return env | {"WANDB_MODE": mode, "WANDB_SILENT": "true"}
 
 
-def test_a_second_ctrl_c_after_the_save_still_names_the_checkpoint_kept(tmp_path, data_root, monkeypatch, capsys):
-    from training.runlog import RunLog
-    forward, plot, steps = GPT.forward, RunLog.plot, []
+def test_wandb_offline_writes_under_the_run_folder_and_the_run_finishes(tmp_path, data_root):
+    argv = tiny_args(tmp_path, data_root, "--wandb", "--max-iters", "4")
+    done = script("train.py", *argv, env=wandb_env("offline"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    checkpoint = load_checkpoint(run_dir / "ckpt.pt")
+    wandb_id = checkpoint["state"]["wandb_id"]
+    assert checkpoint["state"]["step"] == 4 and wandb_id
+    [log] = (run_dir / "wandb").glob(f"offline-run-*-{wandb_id}/run-{wandb_id}.wandb")
+    blob = log.read_bytes()  # wandb's record log: keys are stored as plain strings
+    assert all(k in blob for k in (b"val_loss", b"train_loss", b"tokens_per_s", b"n_layer"))
 
-    def pressed(self, idx, targets=None, **kw):
-        steps.append(self.training)
-        if steps.count(True) == 4 and self.training:
-            os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C, during step 4: save, eval, plot
-        return forward(self, idx, targets, **kw)
 
-    def pressed_again(self, force=True):  # the final plot, ~0.1 s after the save: where the second one landed
-        if force:
-            os.kill(os.getpid(), signal.SIGINT)
-        plot(self, force)
+def test_wandb_that_cannot_start_is_one_line_and_no_step_is_trained(tmp_path, data_root):
+    done = script("train.py", *tiny_args(tmp_path, data_root, "--wandb"), env=wandb_env("bogus"))
+    assert one_error_line(done).startswith("error: --wandb: wandb did not start (")
+    assert not {"ckpt.pt", "metrics.jsonl", "config.json"} & set(os.listdir(tmp_path / "run"))
 
-    monkeypatch.setattr(GPT, "forward", pressed)
-    monkeypatch.setattr(RunLog, "plot", pressed_again)
-    assert train.main(["--config", "tiny", "--device", "cpu", "--sample-tokens", "0", "--out-dir", str(tmp_path),
-                       "--data-root", str(data_root)]) == 130
-    err = capsys.readouterr().err
-    assert err.strip().splitlines()[-1] == f"quit at step 4; kept {tmp_path / 'ckpt.pt'} (step 4)"
-    assert "nothing was changed" not in err and load_checkpoint(tmp_path)["step"] == 4
+
+def test_a_second_run_is_refused_while_the_first_holds_the_folder_and_the_lock_dies_with_it(
+    tmp_path, data_root
+):
+    run_dir = tmp_path / "run"
+    proc = start(tmp_path, data_root, *LONG)
+    try:
+        wait_until(logged(run_dir), proc, tmp_path)
+        for resume in (False, True):
+            with pytest.raises(UserError, match=f"^{re.escape(str(run_dir))} is in use by another"):
+                train.train(tiny(tmp_path, data_root, max_iters=2, resume=resume))
+    finally:
+        proc.kill()  # SIGKILL: no chance to clean up
+        proc.wait()
+    # killed before its first save: a new run may take the folder
+    assert {".lock", "config.json", "metrics.jsonl"} <= set(os.listdir(run_dir))
+    assert not (run_dir / "ckpt.pt").exists()
+    assert train.train(tiny(tmp_path, data_root, max_iters=2))["step"] == 2
+    assert min(losses(run_dir)) == 1 and saved_step(run_dir / "ckpt.pt") == 2
+
+
+def contents(folder) -> dict:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_a_fresh_run_refuses_a_trained_run_and_a_users_folder_and_leaves_them_untouched(
+    tmp_path, data_root
+):
+    trained = tmp_path / "run"
+    train.train(tiny(tmp_path, data_root, max_iters=2))
+    before = contents(trained)
+    with pytest.raises(UserError, match=f"^{re.escape(str(trained))} holds a trained run; "):
+        train.train(tiny(tmp_path, data_root, max_iters=2))
+    assert contents(trained) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    (mine / "config.json").write_text("{}")
+    before = contents(mine)
+    with pytest.raises(UserError, match=r"holds files no run wrote \(notes.txt\); pick another"):
+        train.train(tiny(tmp_path, data_root, out_dir=str(mine), max_iters=2))
+    assert contents(mine) == before
+
+
+def test_a_fresh_run_may_reuse_the_folder_of_a_run_that_never_saved(tmp_path, data_root):
+    unsaved = tmp_path / "run"
+    unsaved.mkdir()
+    (unsaved / "config.json").write_text('{"lr": 1}')
+    (unsaved / "metrics.jsonl").write_text(json.dumps({"step": 50, "loss": 99.0}) + "\n")
+    assert train.train(tiny(tmp_path, data_root, max_iters=2))["step"] == 2
+    assert records(unsaved)[0]["step"] == 0 and 50 not in losses(unsaved)
+    assert json.loads((unsaved / "config.json").read_text())["lr"] == 1e-3
+
+
+def test_a_save_that_fails_midway_keeps_the_previous_checkpoint_whole(
+    tmp_path, data_root, monkeypatch
+):
+    real_save, run_dir, kept = torch.save, tmp_path / "run", []
+
+    def disk_full_at_step_10(obj, f, *args, **kwargs):
+        if obj["state"]["step"] == 10:
+            kept.append((run_dir / "ckpt.pt").read_bytes())
+            f.write(b"PK\x03\x04 half a zip")  # some bytes land, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_full_at_step_10)
+    with pytest.raises(OSError, match="No space left"):
+        train.train(tiny(tmp_path, data_root, eval_interval=5))
+    monkeypatch.setattr(torch, "save", real_save)
+    assert (run_dir / "ckpt.pt").read_bytes() == kept[0]
+    assert saved_step(run_dir / "ckpt.pt") == 5
+    assert not [name for name in os.listdir(run_dir) if name.endswith(".tmp")]
+
+
+def test_save_checkpoint_replaces_the_file_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint({"step": torch.tensor(1)}, path)
+    save_checkpoint({"step": torch.tensor(2)}, path)
+    assert torch.load(path, weights_only=True)["step"] == 2
+    before = path.read_bytes()
+
+    def broken(obj, f, *args, **kwargs):
+        f.write(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(OSError):
+        save_checkpoint({"step": torch.tensor(3)}, path)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_the_end_of_a_run_says_where_its_files_are_and_samples_what_sample_py_continues(
+    tmp_path, data_root, capsys
+):
+    cfg = tiny(tmp_path, data_root, sample_tokens=32, dtype="float32")
+    train.train(cfg)
+    out = capsys.readouterr().out
+    run_dir = tmp_path / "run"
+    lines = out.splitlines()
+    assert f"checkpoint {run_dir / 'ckpt.pt'} (the latest, for --resume)" in lines
+    assert f"best       {run_dir / 'best.pt'} (the lowest val loss: sample.py's)" in lines
+    assert f"metrics    {run_dir / 'metrics.jsonl'} and {run_dir / 'loss.png'}" in lines
+    assert (run_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    header = f"a sample (python sample.py --out-dir {run_dir} for more):\n"
+    assert out.count(header) == 1 and out.endswith("\n")
+    sample = out.split(header)[1][:-1]
+    assert len(sample) == 32
+    assert saved_step(run_dir / "best.pt") == 20  # sample.py reads best.pt: the final weights
+    more = script("sample.py", "--out-dir", run_dir, "--seed", cfg.seed, "--max-new-tokens", 64)
+    assert more.returncode == 0, more.stderr
+    assert more.stdout.startswith(sample) and len(more.stdout) > len(sample)
