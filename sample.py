@@ -13,7 +13,7 @@ r"""Sample text from a trained GPT, streamed to the terminal as it is decoded.
 "\n", "\t" and "\\" in a prompt or --stop are a newline, a tab and a backslash. An empty prompt
 starts from end-of-text (a newline for a character model). One sample streams as it is decoded;
 several print one after another, each under a header. A sample ends at end-of-text or just after
-its first --stop string. The same --seed gives the same samples.
+its first --stop string. The same --seed and --num-samples give the same samples.
 """
 
 import argparse
@@ -71,7 +71,9 @@ def main(argv=None) -> None:
     p.add_argument(
         "--top-p", type=float, default=1.0, help="draw among the likeliest, summing to p"
     )
-    p.add_argument("--seed", type=int, help="the same seed, the same samples (default: random)")
+    p.add_argument(
+        "--seed", type=int, help="with the same --num-samples, the same samples (default: random)"
+    )
     p.add_argument("--stop", action="append", default=[], help="end a sample just after this text")
     p.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"), default="auto")
     p.add_argument(

@@ -32,7 +32,14 @@ from configs import TrainConfig, UserError, parse_args, run, settings
 from data.loader import Batches, eval_batches, read_tokens
 from data.prepare import dataset_dir
 from data.tokenizer import tokenizer
-from model.checkpoint import keep_best, load_checkpoint, load_weights, model_from, save_checkpoint
+from model.checkpoint import (
+    checkpoint_file,
+    keep_best,
+    load_checkpoint,
+    load_weights,
+    model_from,
+    save_checkpoint,
+)
 from model.gpt import GPT, GPTConfig, generate
 from training.optim import lr_factor, make_optimizers
 from training.runtime import check_fits, setup
@@ -47,29 +54,38 @@ class TrainState:
     step: int = 0
     best_val: float = math.inf
     evaluated: int = -1  # the last step whose eval finished: --resume does not evaluate it again
+    seconds: float = 0.0  # spent in the loop: a --max-time run's schedule and clock go on from it
     wandb_id: str = ""
 
 
 @torch.no_grad()
-def evaluate(model, data_dir, cfg: TrainConfig, rt) -> dict[str, float]:
+def evaluate(model, data_dir, cfg: TrainConfig, rt, stopped) -> dict[str, float] | None:
     """The mean loss per token on the first eval_iters batches of val and of train (0: all of val,
-    and as many of train). Each process takes its share of the batches."""
+    and as many of train). Each process takes its share of the batches. None when stopped() became
+    true in any process: a stop signal ends an eval at once."""
     model.eval()
     batch_size = cfg.eval_batch_size or cfg.batch_size
     windows = len(read_tokens(data_dir / "val.bin")) // cfg.block_size
     limit = cfg.eval_iters or math.ceil(windows / batch_size)
     losses = {}
     for split in "val", "train":
-        total = torch.zeros(2, device=rt.device)  # the loss summed over the tokens, and the tokens
+        # the loss summed over the tokens, the tokens, and whether a stop signal cut the eval short
+        total = torch.zeros(3, device=rt.device)
         path = data_dir / f"{split}.bin"
         for x, y in eval_batches(
             path, cfg.block_size, batch_size, rt.device, limit, rt.rank, rt.world_size
         ):
+            if stopped():
+                total[2] = 1
+                break
             with rt.autocast():
                 _, loss = model(x, y)
-            total += torch.stack([loss * y.numel(), loss.new_tensor(y.numel())])
-        if rt.world_size > 1:
+            total[:2] += torch.stack([loss * y.numel(), loss.new_tensor(y.numel())])
+        if rt.world_size > 1:  # every process reduces, stopped or not: none is left waiting
             torch.distributed.all_reduce(total)
+        if total[2] > 0:
+            model.train()
+            return None
         losses[f"{split}_loss"] = (total[0] / total[1]).item()
     model.train()
     return losses
@@ -108,8 +124,12 @@ def train(cfg: TrainConfig) -> dict:
                     f"{run_dir} holds files no run wrote ({', '.join(others[:3])}); "
                     "pick another --out-dir"
                 )
-            run_dir.mkdir(parents=True, exist_ok=True)
-            lock = stack.enter_context(open(run_dir / ".lock", "w"))
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                lock = stack.enter_context(open(run_dir / ".lock", "w"))
+            except OSError as e:
+                fix = "make it writable to resume it" if cfg.resume else "pick another --out-dir"
+                raise UserError(f"cannot write in {run_dir} ({e.strerror}); {fix}") from None
             try:  # the lock dies with its process: a killed run leaves none behind
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -174,16 +194,18 @@ def train(cfg: TrainConfig) -> dict:
         if cfg.hellaswag:
             from training import hellaswag
 
-            def score_hellaswag():  # the file is read afresh each time
+            def score_hellaswag(stopped):  # the file is read afresh each time
                 items = hellaswag.load_items(cfg.hellaswag, tok)
                 batch_size = cfg.eval_batch_size or cfg.batch_size
-                return hellaswag.score(model, items, rt, batch_size, tok.vocab_size)
+                return hellaswag.score(model, items, rt, batch_size, tok.vocab_size, stopped)
 
         if cfg.eval_only:
-            losses = evaluate(model, data_dir, replace(cfg, eval_iters=0), rt)
-            losses |= score_hellaswag() if score_hellaswag else {}
+            never = lambda: False  # Ctrl-C ends it as any command's
+            losses = evaluate(model, data_dir, replace(cfg, eval_iters=0), rt, never)
+            losses |= score_hellaswag(never) if score_hellaswag else {}
             if master:
-                print(f"{cfg.init_from or run_dir} on {cfg.dataset}, windows of {cfg.block_size}:")
+                scored = cfg.init_from or checkpoint_file(run_dir)
+                print(f"{scored} on {cfg.dataset}, windows of {cfg.block_size}:")
                 for k, v in losses.items():
                     perplexity = f"  perplexity {math.exp(v):.2f}" if k.endswith("loss") else ""
                     print(f"  {k} {v:.4f}{perplexity}" if isinstance(v, float) else f"  {k} {v}")
@@ -209,8 +231,15 @@ def train(cfg: TrainConfig) -> dict:
             scaler.load_state_dict(checkpoint["scaler"])
             state = TrainState(**checkpoint["state"])
             if master and (metrics := run_dir / "metrics.jsonl").is_file():
+                # An eval at the checkpoint's own step is run again unless the checkpoint holds it.
+                again = lambda r: "val_loss" in r and state.evaluated != state.step
                 lines = metrics.read_text().splitlines()
-                kept = [line for line in lines if json.loads(line)["step"] <= state.step]
+                records = [(line, json.loads(line)) for line in lines]
+                kept = [
+                    line
+                    for line, r in records
+                    if r["step"] < state.step or r["step"] == state.step and not again(r)
+                ]
                 metrics.write_text("".join(line + "\n" for line in kept))
             del checkpoint
 
@@ -274,7 +303,7 @@ def train(cfg: TrainConfig) -> dict:
         def diverged(what: str) -> UserError:
             kept = f"{run_dir / 'ckpt.pt'} (step {saved})" if saved else "no checkpoint of this run"
             return UserError(
-                f"{what} at step {state.step}; stopped without saving, keeping {kept}; "
+                f"{what} at step {state.step}; stopped, keeping {kept}; "
                 "try a lower --lr, or --dtype float32"
             )
 
@@ -282,6 +311,7 @@ def train(cfg: TrainConfig) -> dict:
             nonlocal saved
             if not all(p.isfinite().all() for p in model.parameters()):
                 raise diverged("the weights became nan or inf")
+            state.seconds = seconds_before + time.time() - loop_started
             save_checkpoint(
                 {
                     "model": model.state_dict(),
@@ -307,6 +337,9 @@ def train(cfg: TrainConfig) -> dict:
             stop_signal = signum
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
+        def stopped() -> bool:  # read by the evals, which a signal ends at once
+            return stop_signal > 0
+
         for sig in signal.SIGINT, signal.SIGTERM, signal.SIGUSR1:
             # A job that a script started with `cmd &` ignores Ctrl-C, and keeps to it.
             if signal.getsignal(sig) is not signal.SIG_IGN:
@@ -315,35 +348,50 @@ def train(cfg: TrainConfig) -> dict:
         # the loop: a step's rows and dropout are drawn from (seed, step), so that a resumed run
         # repeats them exactly
         bar = stack.enter_context(tqdm(total=cfg.max_iters, initial=state.step, disable=not master))
-        deadline = started + cfg.max_time if cfg.max_time else math.inf
-        saved, stop, losses, eval_seconds = state.step if cfg.resume else 0, False, {}, 0.0
+        # A resumed --max-time run goes on with the time its checkpoint had left.
+        seconds_before = state.seconds if cfg.max_time else 0.0
+        deadline = started + cfg.max_time - seconds_before if cfg.max_time else math.inf
+        saved, stop, losses = state.step if cfg.resume else 0, deadline < time.time(), {}
+        eval_seconds = hellaswag_seconds = 0.0
+        final_eval = 1.0  # the time the final eval and save will take: a second, until one is timed
         loss_sum, logged_step = torch.zeros((), device=rt.device), state.step
         loop_started = logged_time = time.time()
         while True:
             last = state.step >= cfg.max_iters or stop
-            # evaluate and save every eval_interval steps and at the end; after a stop signal, save
+            # evaluate every eval_interval steps and at the end, having saved the steps before it:
+            # an eval that fails or is killed loses none
             due = state.step % cfg.eval_interval == 0 or last
             if due and state.evaluated != state.step and not stop_signal:
+                if master and state.step > saved:
+                    save()
                 t0 = time.time()
-                losses = evaluate(model, data_dir, cfg, rt)
-                if score_hellaswag and state.step % hellaswag_every == 0:
-                    losses |= score_hellaswag()
-                if not math.isfinite(losses["val_loss"]):
-                    raise diverged(f"the val loss became {losses['val_loss']}")
-                improved, state.evaluated = losses["val_loss"] < state.best_val, state.step
-                state.best_val = min(state.best_val, losses["val_loss"])
-                if master:
-                    if state.step > 0:
-                        save()
-                        if improved:
-                            keep_best(run_dir)
-                    log({"step": state.step, **losses, "time": round(time.time() - started, 2)})
-                    from training.plot import plot_losses
-
-                    plot_losses(run_dir)
-                    scores = ", ".join(f"{k} {v:.4f}" for k, v in losses.items())
-                    tqdm.write(f"step {state.step}: {scores}" + " (best)" * improved)
+                losses = evaluate(model, data_dir, cfg, rt, stopped)
                 eval_seconds = time.time() - t0
+                if losses and score_hellaswag and (state.step % hellaswag_every == 0 or last):
+                    scores = score_hellaswag(stopped)
+                    hellaswag_seconds = time.time() - t0 - eval_seconds
+                    losses = losses | scores if scores else None
+                final_eval = 1.2 * (eval_seconds + hellaswag_seconds) + 1  # with the final save
+                if losses is None:  # a stop signal here or in another process: stop at once
+                    stop_signal, stop, last, losses = stop_signal or signal.SIGTERM, True, True, {}
+                elif not math.isfinite(losses["val_loss"]):
+                    raise diverged(f"the val loss became {losses['val_loss']}")
+                else:
+                    improved, state.evaluated = losses["val_loss"] < state.best_val, state.step
+                    state.best_val = min(state.best_val, losses["val_loss"])
+                    if master:
+                        if last and state.step > 0:  # the final checkpoint holds its eval
+                            save()
+                        if improved and state.step > 0:
+                            keep_best(run_dir)
+                        log({"step": state.step, **losses, "time": round(time.time() - started, 2)})
+                        from training.plot import plot_losses
+
+                        plot_losses(run_dir)
+                        scores = ", ".join(f"{k} {v:.4f}" for k, v in losses.items())
+                        tqdm.write(f"step {state.step}: {scores}" + " (best)" * improved)
+            if not ddp and stop_signal:  # no step after a signal (under DDP: at the next log)
+                stop = last = True
             if last:
                 if master and saved != state.step and state.step > 0:
                     save()
@@ -353,8 +401,9 @@ def train(cfg: TrainConfig) -> dict:
             # clock, leaving time for the final eval and save
             progress = (state.step - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters)
             if cfg.max_time:
-                end = deadline - 1.2 * eval_seconds - 1
-                by_clock = (time.time() - loop_started) / max(1e-3, end - loop_started)
+                end = deadline - final_eval
+                spent = seconds_before + time.time() - loop_started
+                by_clock = spent / max(1e-3, seconds_before + end - loop_started)
                 progress = max(progress, by_clock)
             lr = lr_factor(state.step, cfg, progress)
             for optimizer, peak in zip(optimizers, (cfg.lr, cfg.muon_lr), strict=False):
@@ -387,7 +436,7 @@ def train(cfg: TrainConfig) -> dict:
             # log every log_interval steps: the one host sync, where the processes agree to stop
             if state.step % cfg.log_interval == 0 or state.step == cfg.max_iters:
                 now, steps = time.time(), state.step - logged_step
-                late = now + (now - logged_time) / steps * cfg.log_interval + 1.2 * eval_seconds + 1
+                late = now + (now - logged_time) / steps * cfg.log_interval + final_eval
                 flags = [float(stop_signal > 0), float(late > deadline)]
                 agreed = torch.stack([loss_sum / steps, *map(loss_sum.new_tensor, flags)])
                 if ddp:
@@ -414,8 +463,6 @@ def train(cfg: TrainConfig) -> dict:
                         refresh=False,
                     )
                 loss_sum, logged_step, logged_time = torch.zeros_like(loss_sum), state.step, now
-            elif not ddp and stop_signal:
-                stop = True
         bar.close()
 
         # the end: where the outputs are, and a sample

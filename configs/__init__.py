@@ -97,7 +97,9 @@ class TrainConfig(GPTConfig):
     ddp_timeout: Annotated[float, "seconds a process waits for the others"] = 600.0
     out_dir: Annotated[str, "the run's folder; empty: out/<name>"] = ""
     resume: Annotated[bool, "continue the run in out_dir, with its settings"] = False
-    init_from: Annotated[str, "a run folder, or a GPT-2 folder or hub id (gpt2)"] = ""
+    init_from: Annotated[str, "a run folder, or a GPT-2 folder or hub id; not read by --resume"] = (
+        ""
+    )
     eval_only: Annotated[bool, "no training: the loss of init_from, else of out_dir"] = False
     hellaswag: Annotated[str, "a HellaSwag .jsonl file, scored at each eval"] = ""
     hellaswag_interval: Annotated[int, "steps between HellaSwag scores; 0: each eval"] = 0
@@ -154,8 +156,10 @@ def load_config(name: str) -> TrainConfig:
         if not isinstance(values, dict):  # a JSON list or number
             raise ValueError("its settings are not a table")
     except (OSError, ValueError) as e:  # no such file, or neither TOML nor JSON
+        near = difflib.get_close_matches(path.stem, PRESETS, 1)
+        hint = f"did you mean --config {near[0]}? " if near else ""
         raise UserError(
-            f"--config {name}: {e}; give a preset ({', '.join(PRESETS)}) or a .toml file"
+            f"--config {name}: {e}; {hint}give a preset ({', '.join(PRESETS)}) or a .toml file"
         ) from None
     if path.suffix == ".toml":
         values.setdefault("name", path.stem)
@@ -171,8 +175,9 @@ def parse_args(argv=None, doc: str = "") -> TrainConfig:
     """train.py's command line: --config picks where the settings start (the defaults --help shows),
     and each field of TrainConfig is a flag. --resume takes the rest from the run's config.json."""
     first = ArgumentParser(add_help=False, allow_abbrev=False)  # --conf X: not --config X
-    first.add_argument("--config", default="small")
-    base = load_config(first.parse_known_args(argv)[0].config)
+    first.add_argument("--config")
+    given = first.parse_known_args(argv)[0].config
+    base = load_config(given or "small")
     parser = ArgumentParser(
         prog="train.py",
         description=doc,
@@ -196,7 +201,15 @@ def parse_args(argv=None, doc: str = "") -> TrainConfig:
     typed.pop("config", None)
     cfg = replace(base, **typed)
     if cfg.resume and (saved := cfg.run_dir / "config.json").is_file():
-        cfg = replace(load_config(str(saved)), **typed)
+        run = replace(load_config(str(saved)), **typed)
+        if given and run.name != cfg.name:  # its settings would be ignored
+            raise UserError(
+                f"--resume continues {cfg.run_dir} with its own settings, run {run.name!r}'s, "
+                f"not --config {given}'s; leave --config out"
+            )
+        cfg = run
+    if cfg.eval_only and "hellaswag_interval" in typed:
+        raise UserError("--eval-only scores HellaSwag once: leave --hellaswag-interval out")
     return cfg
 
 

@@ -14,6 +14,7 @@ already prepared from the same bytes is reused; --force prepares it again.
 """
 
 import argparse
+import difflib
 import fcntl
 import hashlib
 import itertools
@@ -36,10 +37,16 @@ DATASET_FILES = {"train.bin", "val.bin", "manifest.json"}
 
 
 def utf8(data: bytes, path) -> str:
+    """A corpus file's text, refused unless it is UTF-8 (a byte-order mark is dropped)."""
     try:
-        return data.decode("utf-8-sig")  # a byte-order mark is not text
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 (byte {e.start}); save it as UTF-8") from None
+        text = data.decode("utf-8-sig")
+        if "\x00" not in text:  # NUL bytes between ASCII letters: UTF-16 or UTF-32 without a BOM
+            return text
+    except UnicodeDecodeError:
+        pass
+    wide = data[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in data[:4096]
+    likely = "UTF-16 or UTF-32" if wide else "Latin-1 or Windows-1252"
+    raise UserError(f"{path} is not UTF-8 (likely {likely}); save it as UTF-8")
 
 
 def sha256(paths) -> str:
@@ -208,8 +215,10 @@ def dataset_dir(name: str, root: str, quiet: bool = False) -> Path:
         return prepare(name, root=root, quiet=quiet)
     if not (Path(root, name) / "manifest.json").is_file():
         how = f"python -m data.prepare {name} --text FILE (or --files, --hf)"
+        near = difflib.get_close_matches(name, PRESETS, 1)
+        hint = f"did you mean {near[0]}? " if near else ""
         raise UserError(
-            f"no dataset {name!r} in {root}; prepare it ({how}), or use a preset: "
+            f"no dataset {name!r} in {root}; {hint}prepare it ({how}), or use a preset: "
             f"{', '.join(PRESETS)}"
         )
     return Path(root, name)

@@ -15,13 +15,19 @@ COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
 
 def column(rows, name: str, where: str):
     """The non-empty texts in a column of a datasets (Iterable)Dataset, read by batches of rows."""
-    for batch in rows.iter(batch_size=1024):
-        if name not in batch:
-            columns = ", ".join(batch)
-            raise UserError(
-                f"{where} has no column {name!r} ({columns}); pick one with --text-column"
-            )
-        yield from (text for text in batch[name] if text)
+    try:
+        for batch in rows.iter(batch_size=1024):
+            if name not in batch:
+                columns = ", ".join(batch)
+                raise UserError(
+                    f"{where} has no column {name!r} ({columns}); pick one with --text-column"
+                )
+            for text in filter(None, batch[name]):
+                if "\x00" in text:  # between ASCII letters: UTF-16 or UTF-32 read as UTF-8
+                    raise UnicodeError
+                yield text
+    except UnicodeError:  # UnicodeDecodeError too
+        raise UserError(f"{where} is not UTF-8 (UTF-16? Latin-1?); save it as UTF-8") from None
 
 
 def documents(files=None, hf=None, subset=None, split="train", text_column="text", streaming=False):
@@ -29,6 +35,7 @@ def documents(files=None, hf=None, subset=None, split="train", text_column="text
     import datasets
 
     datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False  # else reading a local file pings a server
+    datasets.disable_progress_bars()  # data.prepare shows its own, after the source is checked
     if files:
         # A file's format is its suffix, less a compression's: x.jsonl.gz is json.
         suffixes = {
@@ -52,11 +59,15 @@ def documents(files=None, hf=None, subset=None, split="train", text_column="text
         # save_to_disk's folder: of a dataset of splits, or of one
         def load():
             ds = datasets.load_from_disk(hf)
-            if isinstance(ds, datasets.DatasetDict) and split not in ds:
+            if not isinstance(ds, datasets.DatasetDict):
+                if split not in ("train", str(ds.split)):  # "train": --split's default
+                    raise UserError(f"--hf {hf} is a dataset of one split: leave --split out")
+                return ds
+            if split not in ds:
                 raise UserError(
                     f"--hf {hf} has no split {split!r} ({', '.join(ds)}); pick one with --split"
                 )
-            return ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+            return ds[split]
     else:
         load = lambda: datasets.load_dataset(hf, subset, split=split, streaming=streaming)
     try:

@@ -42,11 +42,17 @@ def keep_best(run_dir: Path) -> None:
     os.replace(tmp, run_dir / "best.pt")
 
 
-def load_checkpoint(path) -> dict:
-    """A checkpoint on the CPU: a .pt file, or a run folder's best.pt (else its ckpt.pt)."""
+def checkpoint_file(path) -> Path:
+    """The file a checkpoint is read from: a .pt file, or a run folder's best.pt (else ckpt.pt)."""
     path = Path(path)
     if path.is_dir():
         path = path / "best.pt" if (path / "best.pt").is_file() else path / "ckpt.pt"
+    return path
+
+
+def load_checkpoint(path) -> dict:
+    """A checkpoint on the CPU, from checkpoint_file(path)."""
+    path = checkpoint_file(path)
     if not path.is_file():
         hint = "python train.py --config small writes out/small"
         raise UserError(f"no checkpoint at {path}; train one first ({hint})")

@@ -325,8 +325,13 @@ def test_resume_takes_the_runs_settings_and_re_applies_only_what_was_typed(tmp_p
     typed = ["--out-dir", str(run), "--resume", "--max-iters", "9"]
     # --config defaults to small: its values are not the run's, and only --max-iters is typed
     assert parse_args(typed) == replace(ran, max_iters=9, resume=True)
-    assert parse_args(["--config", "small", *typed, "--lr", "0.004"]) == replace(
+    assert parse_args(["--config", "tiny", *typed, "--lr", "0.004"]) == replace(
         ran, max_iters=9, lr=0.004, resume=True
+    )
+    # another --config's settings would be ignored: one line says so
+    assert refused(["--config", "small", *typed]) == (
+        f"--resume continues {run} with its own settings, run 'tiny''s, not --config small's; "
+        "leave --config out"
     )
     # a preset's run folder, out/<name>, relative to where train.py runs
     (tmp_path / "out" / "tiny").mkdir(parents=True)
@@ -376,3 +381,29 @@ def test_a_config_that_is_not_there_is_one_line_listing_the_presets(tmp_path):
     assert re.match(
         rf"--config {tmp_path}/empty: .*config.json", refused(["--config", str(tmp_path / "empty")])
     )
+
+
+@pytest.mark.parametrize("config, near", [("smal", "small"), ("configs/small.py", "small")])
+def test_a_config_near_a_presets_name_is_told_the_preset(config, near):
+    assert f"did you mean --config {near}? give a preset" in refused(["--config", config])
+
+
+def test_an_option_that_does_nothing_with_eval_only_is_one_line():
+    argv = [
+        "--config",
+        "tiny",
+        "--eval-only",
+        "--hellaswag",
+        "x.jsonl",
+        "--hellaswag-interval",
+        "20",
+    ]
+    assert refused(argv) == "--eval-only scores HellaSwag once: leave --hellaswag-interval out"
+
+
+def test_help_says_init_from_is_not_read_by_resume_and_booleans_take_no_value(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--init-from STR a run folder, or a GPT-2 folder or hub id; not read by --resume" in text
+    assert "--bias, --no-bias" in text and "[BOOL]" not in text

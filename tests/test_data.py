@@ -199,20 +199,33 @@ def test_a_utf8_byte_order_mark_is_dropped(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "data, byte",
-    [("Café crème\n".encode("latin-1"), 3), ("Plain text\n".encode("utf-16"), 0)],
-    ids=["latin-1", "utf-16"],
+    "data, likely",
+    [
+        ("Café crème\n".encode("latin-1"), "Latin-1 or Windows-1252"),
+        ("Plain text\n".encode("utf-16"), "UTF-16 or UTF-32"),  # with a byte-order mark
+        ("Plain text\n".encode("utf-16-le"), "UTF-16 or UTF-32"),  # without: valid UTF-8 bytes
+        ("Plain text\n".encode("utf-32"), "UTF-16 or UTF-32"),
+    ],
+    ids=["latin-1", "utf-16", "utf-16-le", "utf-32"],
 )
-@pytest.mark.parametrize("where", ["file", "folder"])
-def test_a_file_that_is_not_utf8_is_refused_saying_save_it_as_utf8(tmp_path, data, byte, where):
+@pytest.mark.parametrize("where", ["file.md", "file", "folder"])
+def test_a_file_that_is_not_utf8_is_refused_whatever_its_name(tmp_path, data, likely, where):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("this one is fine\n")
-    (tmp_path / "docs" / "b.txt").write_bytes(data * 10)
-    source = tmp_path / "docs" / ("b.txt" if where == "file" else "")
+    bad = tmp_path / "docs" / {"file.md": "b.md", "file": "b"}.get(where, "b.txt")
+    bad.write_bytes(data * 10)
+    source = bad if where != "folder" else tmp_path / "docs"
     with pytest.raises(UserError) as e:
         prepare(text=str(source), tokenizer="char", root=str(tmp_path / "out"), quiet=True)
-    bad = tmp_path / "docs" / "b.txt"
-    assert str(e.value) == f"{bad} is not UTF-8 (byte {byte}); save it as UTF-8"
+    assert str(e.value) == f"{bad} is not UTF-8 (likely {likely}); save it as UTF-8"
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "utf-16-le"])
+def test_files_that_are_not_utf8_are_refused_in_one_line(tmp_path, encoding):
+    (tmp_path / "b.txt").write_bytes("Café crème\n".encode(encoding) * 10)
+    with pytest.raises(UserError) as e:
+        prepare(files=[str(tmp_path / "b.txt")], tokenizer="char", root=str(tmp_path / "out"))
+    assert str(e.value) == f"{tmp_path / 'b.txt'} is not UTF-8 (UTF-16? Latin-1?); save it as UTF-8"
 
 
 # --- prepare: documents -----------------------------------------------------------------------
@@ -357,6 +370,9 @@ def test_hf_reads_a_saved_dataset_and_a_split_of_a_saved_dataset_dict(tmp_path, 
     )
     with pytest.raises(UserError, match=f"^{re.escape(no_split)}$"):
         prepare(hf=str(tmp_path / "dict"), split="validation", root=str(tmp_path / "out"))
+    one_split = f"--hf {tmp_path / 'one'} is a dataset of one split: leave --split out"
+    with pytest.raises(UserError, match=f"^{re.escape(one_split)}$"):
+        prepare("x", hf=str(tmp_path / "one"), split="nonsense", root=str(tmp_path / "out"))
     assert network_calls == []
 
 
@@ -496,6 +512,8 @@ def test_dataset_dir_prepares_a_preset_and_names_the_command_for_another(tmp_pat
         f"no dataset 'mine' in {tmp_path}; prepare it (python -m data.prepare mine --text FILE "
         "(or --files, --hf)), or use a preset: shakespeare_char, shakespeare"
     )
+    with pytest.raises(UserError, match="^no dataset 'shakespeare-char' in .*; did you mean "):
+        dataset_dir("shakespeare-char", str(tmp_path))
     assert (
         dataset_dir("shakespeare_char", str(tmp_path), quiet=True) == tmp_path / "shakespeare_char"
     )

@@ -5,7 +5,10 @@ transformers' logits, on one process or two; train.py scores at eval-only and du
 """
 
 import json
+import math
 import os
+import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ import train
 from configs import UserError
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from model.checkpoint import load_checkpoint, model_from
+from model.gpt import GPT, GPTConfig
 from model.hf import load_gpt2
 from training import hellaswag
 from training.runtime import Runtime
@@ -118,7 +122,8 @@ def test_a_missing_or_unreadable_file_is_one_line_saying_where_to_get_one(tmp_pa
     message = str(e.value)
     assert message.startswith(f"--hellaswag {path}: ") and "\n" not in message
     assert message.endswith(
-        "; give a HellaSwag .jsonl file (training/hellaswag.py says where to get one)"
+        "; give a HellaSwag .jsonl file (training/hellaswag.py says where to get one), "
+        "or --hellaswag '' to go on without"
     )
 
 
@@ -289,15 +294,15 @@ def test_eval_only_prints_hellaswag_acc_acc_norm_and_items(tmp_path, data_root, 
     ]
 
 
-@pytest.mark.parametrize("interval, scored", [(0, [0, 2, 4, 6]), (4, [0, 4])])
-def test_training_scores_hellaswag_at_each_eval_or_at_its_interval(
+@pytest.mark.parametrize("interval, scored", [(0, [0, 2, 4, 6]), (4, [0, 4, 6]), (4, [0, 4, 7])])
+def test_training_scores_hellaswag_at_each_eval_or_at_its_interval_and_at_the_end(
     tmp_path, data_root, interval, scored
 ):
     path = char_items(tmp_path)
     cfg = tiny(
         tmp_path,
         data_root,
-        max_iters=6,
+        max_iters=scored[-1],
         eval_interval=2,
         hellaswag=path,
         hellaswag_interval=interval,
@@ -308,7 +313,7 @@ def test_training_scores_hellaswag_at_each_eval_or_at_its_interval(
         json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
     ]
     evals = [r for r in records if "val_loss" in r]
-    assert [r["step"] for r in evals] == [0, 2, 4, 6]
+    assert [r["step"] for r in evals] == [*range(0, scored[-1], 2), scored[-1]]
     assert [r["step"] for r in evals if "hellaswag_acc" in r] == scored
     assert all(
         r["hellaswag_items"] == 5 and "hellaswag_acc_norm" in r
@@ -325,3 +330,84 @@ def test_training_reads_the_items_again_at_each_eval(tmp_path, data_root, monkey
     monkeypatch.setattr(hellaswag, "load_items", lambda *a: reads.append(a[0]) or load(*a))
     train.train(tiny(tmp_path, data_root, max_iters=4, eval_interval=2, hellaswag=path, threads=1))
     assert reads == [path] * 3
+
+
+def test_a_file_rewritten_in_place_with_its_size_and_mtime_is_read_afresh(tmp_path):
+    """cp -p, rsync -t and tar x keep a file's size and mtime: the new labels are the ones read."""
+    item = {"ctx": "ROMEO: I", "endings": ["a", "b", "c", "d"], "label": 0}
+    path = write_items(tmp_path / "items.jsonl", [item])
+    stat = os.stat(path)
+    assert hellaswag.load_items(path, TOK)[0][2] == 0
+    write_items(tmp_path / "items.jsonl", [item | {"label": 3}])
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(path).st_size == stat.st_size and os.stat(path).st_mtime == stat.st_mtime
+    assert hellaswag.load_items(path, TOK)[0][2] == 3
+
+
+def test_a_path_with_a_tilde_is_in_the_home_folder(tmp_path, monkeypatch):
+    """--hellaswag=~/x.jsonl reaches the program with its ~: it is the user's home."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_items(tmp_path / "x.jsonl", [{"ctx": "A", "endings": list("abcd"), "label": 2}])
+    assert hellaswag.load_items("~/x.jsonl", TOK)[0][2] == 2
+
+
+def test_a_resume_whose_file_is_gone_is_told_how_to_go_on_without(tmp_path, data_root, capsys):
+    path = char_items(tmp_path)
+    cfg = tiny(tmp_path, data_root, max_iters=2, eval_interval=2, hellaswag=path, threads=1)
+    train.train(cfg)
+    os.remove(path)
+    with pytest.raises(UserError, match=r"or --hellaswag '' to go on without$"):
+        train.train(replace(cfg, max_iters=4, resume=True))
+    train.train(replace(cfg, max_iters=4, resume=True, hellaswag=""))  # and it does
+
+
+def test_with_max_time_the_final_eval_scores_too_and_the_run_ends_in_time(
+    tmp_path, data_root, monkeypatch
+):
+    """Scoring that takes 1.5 s: the estimate of the final eval must count it, else the run ends
+    about half a second late."""
+    score = hellaswag.score
+
+    def slow(*args):
+        time.sleep(1.5)
+        return score(*args)
+
+    monkeypatch.setattr(hellaswag, "score", slow)
+    path = char_items(tmp_path)
+    cfg = tiny(tmp_path, data_root, max_iters=10**6, eval_interval=10**6, max_time=10.0)
+    started = time.time()
+    result = train.train(replace(cfg, hellaswag=path, threads=1))
+    assert time.time() - started <= cfg.max_time
+    assert "hellaswag_acc" in result and result["stop_signal"] == 0
+
+
+TRAIN = "import sys, train; sys.argv[0] = 'train.py'; from configs import run; run(train.main)"
+
+
+def test_under_torchrun_the_ranks_share_the_scoring_so_none_waits_past_a_short_timeout(
+    tmp_path, data_root
+):
+    """A file that one process scores in twice --ddp-timeout's 3 seconds: two processes each
+    score half, so neither waits on the other for it (test_two_ddp_processes_give_the_counts_of_one
+    shows the shared counts equal one process's)."""
+    cfg = tiny(tmp_path, data_root, threads=1)
+    path = char_items(tmp_path)
+    model = GPT(GPTConfig(vocab_size=len(CHARS), block_size=32, n_layer=2, n_head=2, n_embd=16))
+    items = hellaswag.load_items(path, TOK) * 200  # 1,000 items
+    started = time.time()
+    hellaswag.score(model, items, CPU, cfg.batch_size, len(CHARS))
+    copies = math.ceil(6.0 / (time.time() - started)) * 200
+    lines = (tmp_path / "items.jsonl").read_text() * copies
+    (tmp_path / "items.jsonl").write_text(lines)
+    (tmp_path / "train_main.py").write_text(TRAIN)
+    flags = ["--config", "tiny", "--device", "cpu", "--data-root", data_root, "--threads", "1"]
+    flags += ["--max-iters", "1", "--eval-interval", "1", "--sample-tokens", "0"]
+    flags += ["--hellaswag", path, "--ddp-timeout", "3"]
+    run = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    two = script(*run, tmp_path / "train_main.py", *flags, "--out-dir", tmp_path / "two", env=env)
+    assert two.returncode == 0, two.stderr[-3000:]
+    evals = [json.loads(line) for line in (tmp_path / "two/metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if "val_loss" in r]
+    assert [r["step"] for r in evals] == [0, 1]
+    assert [r["hellaswag_items"] for r in evals] == [5 * copies] * 2  # each counted once

@@ -199,6 +199,15 @@ def test_the_same_seed_gives_the_same_text_and_another_seed_other_text(run, caps
     assert sample_out(capsys, run, *argv, 8) != first
 
 
+def test_help_says_the_seed_fixes_the_samples_with_the_same_num_samples(run, capsys):
+    """Samples are drawn together, a row each: --num-samples is part of what the seed repeats."""
+    with pytest.raises(SystemExit):
+        sample.main(["--help"])
+    assert "The same --seed and --num-samples give the same samples." in capsys.readouterr().out
+    argv = ["--prompt", "A", "--num-samples", 2, "--max-new-tokens", 30, "--seed", 7]
+    assert sample_out(capsys, run, *argv) == sample_out(capsys, run, *argv)
+
+
 def test_temperature_zero_takes_the_likeliest_token_every_time(run, capsys):
     argv = ["--prompt", "ROMEO:", "--max-new-tokens", 24, "--temperature", 0]
     expected = ends_line("ROMEO:" + greedy_text(run, "ROMEO:", 24))

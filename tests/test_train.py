@@ -66,7 +66,7 @@ def assert_same_run(a, b):
     and the same metrics (but for the clock)."""
     ca, cb = (torch.load(d / "ckpt.pt", weights_only=True) for d in (a, b))
     for c in ca, cb:
-        del c["config"]["out_dir"]
+        del c["config"]["out_dir"], c["state"]["seconds"]  # where, and the clock
     assert_same(ca, cb)
     clock = ("time", "tokens_per_s")
     ra, rb = ([{k: v for k, v in r.items() if k not in clock} for r in records(d)] for d in (a, b))
@@ -184,7 +184,8 @@ def test_the_same_result_whatever_the_split_between_processes_and_accumulation(
     one = parse_args(tiny_args(tmp_path / "one", data_root, *same))
     assert train.train(one)["step"] == 4
     a, b = (load_checkpoint(tmp_path / d / "run" / "ckpt.pt") for d in ("ddp", "one"))
-    assert a["state"] == b["state"] | {"best_val": pytest.approx(b["state"]["best_val"], abs=1e-6)}
+    close = {"best_val": pytest.approx(b["state"]["best_val"], abs=1e-6)}
+    assert a["state"] == b["state"] | close | {"seconds": a["state"]["seconds"]}
     diff = max((a["model"][k] - b["model"][k]).abs().max().item() for k in a["model"])
     assert diff < 1e-6
     moved = max((start[k] - b["model"][k]).abs().max().item() for k in b["model"])
@@ -236,7 +237,7 @@ def test_a_stop_signal_saves_the_step_in_progress_and_exits_128_plus_its_number(
 ):
     proc = start(tmp_path, data_root, *LONG, "--sample-tokens", "16")
     try:
-        wait_until(logged(tmp_path / "run"), proc, tmp_path)
+        wait_until(logged(tmp_path / "run", 2), proc, tmp_path)
         proc.send_signal(sig)
         code = proc.wait(timeout=120)
     finally:
@@ -313,7 +314,7 @@ def test_a_nan_loss_stops_without_saving_and_names_the_last_good_checkpoint(
     poison_after(monkeypatch, 12)
     run_dir = tmp_path / "run"
     kept = re.escape(f"keeping {run_dir / 'ckpt.pt'} (step 10)")
-    with pytest.raises(UserError, match=rf"^the loss became nan at step 13; stopped .*{kept}"):
+    with pytest.raises(UserError, match=rf"^the loss became nan at step 13; stopped, {kept}"):
         train.train(tiny(tmp_path, data_root, eval_interval=5))
     checkpoint = load_checkpoint(run_dir / "ckpt.pt")
     assert checkpoint["state"]["step"] == 10
@@ -336,19 +337,22 @@ def test_best_pt_keeps_the_lowest_val_loss_while_ckpt_pt_is_the_latest(
     assert result["val_loss"] == 2.7
     latest, best = (load_checkpoint(run_dir / n) for n in ("ckpt.pt", "best.pt"))
     assert latest["state"]["step"] == 20 and latest["state"]["best_val"] == 2.0
-    assert best["state"]["step"] == 10 and best["state"]["best_val"] == 2.0
+    assert best["state"]["step"] == 10  # saved before the eval that made it the best
     assert load_checkpoint(run_dir)["state"]["step"] == 10  # what sample.py reads: best.pt
     assert val_losses(run_dir) == {0: 4.0, 5: 3.0, 10: 2.0, 15: 2.5, 20: 2.7}
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
-def test_a_non_finite_val_loss_stops_before_saving(tmp_path, data_root, monkeypatch, bad):
+def test_a_non_finite_val_loss_stops_the_run_and_best_pt_keeps_the_last_good_eval(
+    tmp_path, data_root, monkeypatch, bad
+):
+    """The steps before an eval are saved before it (their weights are finite): ckpt.pt has them."""
     scripted_evals(monkeypatch, [4.0, 3.0, bad])
     run_dir = tmp_path / "run"
-    kept = re.escape(f"keeping {run_dir / 'ckpt.pt'} (step 5)")
+    kept = re.escape(f"keeping {run_dir / 'ckpt.pt'} (step 10)")
     with pytest.raises(UserError, match=rf"^the val loss became {bad} at step 10; .*{kept}"):
         train.train(tiny(tmp_path, data_root, eval_interval=5))
-    assert saved_step(run_dir / "ckpt.pt") == saved_step(run_dir / "best.pt") == 5
+    assert (saved_step(run_dir / "ckpt.pt"), saved_step(run_dir / "best.pt")) == (10, 5)
     assert val_losses(run_dir) == {0: 4.0, 5: 3.0}
 
 
@@ -506,7 +510,7 @@ def test_a_run_stopped_by_ctrl_c_and_resumed_beside_a_busy_process_ends_as_the_u
     threads: the resumed run keeps the two it started with."""
     proc = start(tmp_path, data_root, *BUSY)
     try:
-        wait_until(logged(tmp_path / "run"), proc, tmp_path)
+        wait_until(logged(tmp_path / "run", 2), proc, tmp_path)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130, output(tmp_path)
     finally:
@@ -654,3 +658,120 @@ def test_the_end_of_a_run_says_where_its_files_are_and_samples_what_sample_py_co
     more = script("sample.py", "--out-dir", run_dir, "--seed", cfg.seed, "--max-new-tokens", 64)
     assert more.returncode == 0, more.stderr
     assert more.stdout.startswith(sample) and len(more.stdout) > len(sample)
+
+
+def test_an_eval_that_fails_loses_no_step_the_steps_before_it_are_saved_first(
+    tmp_path, data_root, monkeypatch
+):
+    evaluate, calls = train.evaluate, []
+
+    def fails_at_step_5(*args):
+        calls.append(1)
+        if len(calls) == 2:  # step 0's eval, then step 5's
+            raise RuntimeError("the eval died")
+        return evaluate(*args)
+
+    monkeypatch.setattr(train, "evaluate", fails_at_step_5)
+    with pytest.raises(RuntimeError, match="the eval died"):
+        train.train(tiny(tmp_path, data_root, eval_interval=5))
+    assert saved_step(tmp_path / "run" / "ckpt.pt") == 5
+
+
+@pytest.mark.parametrize("at_eval", [0, 1])  # the first eval (step 0), and step 5's
+def test_a_signal_during_an_eval_ends_it_at_once_and_no_step_is_trained_after_it(
+    tmp_path, data_root, monkeypatch, at_eval
+):
+    """SIGTERM comes with the second val batch of eval number at_eval: that batch is not used, no
+    more are asked for, train's batches are not read, and the run saves what it had and stops."""
+    batches, reads, handed = train.eval_batches, [], []
+
+    def signalled(path, *args):
+        reads.append(path.name)
+        for i, batch in enumerate(batches(path, *args)):
+            if path.name == "val.bin" and reads.count("val.bin") == at_eval + 1 and i == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            handed.append(path.name)
+            yield batch
+
+    monkeypatch.setattr(train, "eval_batches", signalled)
+    result = train.train(tiny(tmp_path, data_root, eval_interval=5, eval_iters=4))
+    assert (result["step"], result["stop_signal"]) == (5 * at_eval, signal.SIGTERM)
+    assert reads == ["val.bin", "train.bin"] * at_eval + ["val.bin"]
+    assert handed == (["val.bin"] * 4 + ["train.bin"] * 4) * at_eval + ["val.bin"] * 2
+    assert val_losses(tmp_path / "run").keys() == ({0} if at_eval else set())
+    if at_eval:
+        assert saved_step(tmp_path / "run" / "ckpt.pt") == 5  # saved before the eval
+    else:
+        assert not (tmp_path / "run" / "ckpt.pt").exists()  # nothing was trained
+
+
+def test_resume_goes_on_with_a_max_time_runs_schedule_where_it_stopped(
+    tmp_path, data_root, monkeypatch
+):
+    """The schedule of a --max-time run runs on the clock: stopped 2.5 s into 6, the resumed run's
+    first lr is about the last one's (it began again at the peak before), and the time left is
+    what the checkpoint had."""
+    started, sent = time.time(), []
+
+    def stop_once_late(step):
+        if time.time() - started > 2.5 and not sent:
+            sent.append(step)
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    monkeypatch.setattr(train, "Batches", calling(stop_once_late))
+    cfg = tiny(tmp_path, data_root, max_iters=10**6, eval_interval=10**6, max_time=6.0)
+    stopped = train.train(cfg)
+    assert stopped["stop_signal"] == signal.SIGUSR1
+    spent = load_checkpoint(tmp_path / "run" / "ckpt.pt")["state"]["seconds"]
+    assert 2.0 < spent < 6.0
+    monkeypatch.setattr(train, "Batches", Batches)
+    resumed_at = time.time()
+    train.train(replace(cfg, resume=True))
+    assert time.time() - resumed_at < cfg.max_time - spent + 2  # the time left, not 6 s more
+    lrs = {r["step"]: r["lr"] for r in records(tmp_path / "run") if "lr" in r}
+    last, first = lrs[stopped["step"]], lrs[stopped["step"] + 1]
+    assert last < 0.8 * cfg.lr and first == pytest.approx(last, rel=0.15)
+
+
+def test_eval_only_names_the_file_it_scores_also_from_a_runs_config_json(
+    tmp_path, data_root, capsys
+):
+    """best.pt (the lowest val loss) is what it scores, and names; with the run's config.json as
+    --config, that run's, wherever the command is typed."""
+    train.train(tiny(tmp_path, data_root, max_iters=4, eval_interval=2))
+    run_dir = tmp_path / "run"
+    capsys.readouterr()
+    for argv in (
+        tiny_args(tmp_path, data_root, "--eval-only"),
+        ["--config", str(run_dir / "config.json"), "--eval-only"],
+    ):
+        train.train(parse_args(argv))
+        first = capsys.readouterr().out.splitlines()[1]
+        assert first.startswith(f"{run_dir / 'best.pt'} on shakespeare_char, windows of 32")
+    (run_dir / "best.pt").unlink()
+    train.train(parse_args(tiny_args(tmp_path, data_root, "--eval-only")))
+    assert capsys.readouterr().out.splitlines()[1].startswith(f"{run_dir / 'ckpt.pt'} on ")
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_run_folder_that_cannot_be_written_is_one_line(tmp_path, data_root, monkeypatch, resume):
+    cfg = tiny(tmp_path, data_root, max_iters=2)
+    if resume:
+        train.train(cfg)
+        real_open = open
+
+        def read_only(path, mode="r", *args, **kwargs):
+            if "w" in mode and str(path).startswith(str(tmp_path / "run")):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return real_open(path, mode, *args, **kwargs)
+
+        monkeypatch.setattr("builtins.open", read_only)
+        fix = "make it writable to resume it"
+    else:
+        (tmp_path / "file").write_text("")
+        cfg = replace(cfg, out_dir=str(tmp_path / "file" / "run"))
+        fix = "pick another --out-dir"
+    with pytest.raises(UserError) as e:
+        train.train(replace(cfg, resume=resume, max_iters=4))
+    why = "Permission denied" if resume else "Not a directory"
+    assert str(e.value) == f"cannot write in {cfg.run_dir} ({why}); {fix}"

@@ -18,11 +18,11 @@ from configs import UserError
 def load_items(path: str, tok) -> list[tuple[list[int], list[list[int]], int]]:
     """Each line's (context tokens, the four endings' tokens, label), read afresh at every call."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        where = "training/hellaswag.py says where to get one"
         raise UserError(
-            f"--hellaswag {path}: {e}; give a HellaSwag .jsonl file ({where})"
+            f"--hellaswag {path}: {e}; give a HellaSwag .jsonl file (training/hellaswag.py says "
+            "where to get one), or --hellaswag '' to go on without"
         ) from None
     items = []
     for number, line in enumerate(lines, 1):
@@ -41,12 +41,15 @@ def load_items(path: str, tok) -> list[tuple[list[int], list[list[int]], int]]:
 
 
 @torch.no_grad()
-def score(model, items, rt, batch_size: int, vocab_size: int) -> dict[str, float]:
-    """acc and acc_norm over the items; each process scores its share, and the counts are summed."""
+def score(model, items, rt, batch_size: int, vocab_size: int, stopped=lambda: False) -> dict | None:
+    """acc and acc_norm over the items; each process scores its share, and the counts are summed.
+    None when stopped() became true in any process."""
     model.eval()
     right = torch.zeros(2, device=rt.device)  # by the summed log-likelihood, and per token
     mine, per_batch = items[rt.rank :: rt.world_size], max(1, batch_size // 4)
     for start in range(0, len(mine), per_batch):  # whole items: four rows each
+        if stopped():
+            break
         batch = mine[start : start + per_batch]
         # A row is the context and one ending, right-padded; one longer than the block loses the
         # start of its context.
@@ -66,11 +69,13 @@ def score(model, items, rt, batch_size: int, vocab_size: int) -> dict[str, float
         tokens = (y != -1).sum(1).view(-1, 4).to(rt.device)
         picks = torch.stack([total.argmax(1), (total / tokens).argmax(1)])  # (2, items)
         right += (picks == torch.tensor([label for *_, label in batch], device=rt.device)).sum(1)
-    counts = torch.cat([right, right.new_tensor([len(mine)])])
+    counts = torch.cat([right, right.new_tensor([len(mine), stopped()])])
     if rt.world_size > 1:
         torch.distributed.all_reduce(counts)
     model.train()
-    right_sum, right_norm, n = counts.tolist()
+    right_sum, right_norm, n, stops = counts.tolist()
+    if stops:
+        return None
     return {
         "hellaswag_acc": right_sum / n,
         "hellaswag_acc_norm": right_norm / n,
