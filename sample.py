@@ -107,6 +107,8 @@ def main(argv=None) -> None:
         )
     available = {"cuda": torch.cuda.is_available(), "mps": torch.mps.is_available(), "cpu": True}
     device = next(d for d, ok in available.items() if ok) if args.device == "auto" else args.device
+    if not available[device]:
+        raise UserError(f"--device {device}, but torch cannot use one here; use --device auto")
     bf16 = device == "cuda" and torch.cuda.is_bf16_supported()
     auto = "bfloat16" if bf16 else "float16" if device == "cuda" else "float32"
     model.to(device, getattr(torch, auto if args.dtype == "auto" else args.dtype)).eval()

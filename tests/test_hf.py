@@ -406,3 +406,25 @@ def test_init_from_an_export_trains_on_and_eval_only_equals_transformers_loss(
     assert first["step"] == 0  # it starts from the export's weights: 2 batches of 4 windows
     assert first["val_loss"] == pytest.approx(hf_loss(hf, val, 32, 8), abs=1e-5)
     assert load_checkpoint(tmp_path / "run")["manifest"] == load_checkpoint(char_run)["manifest"]
+
+
+def test_an_export_says_what_transformers_and_the_hub_read_and_the_cli_names_itself(
+    gpt2_run, tmp_path, capsys
+):
+    """The fields the hub's widgets and transformers read besides the shape: the architecture,
+    GPT-2's tanh GELU, no dropout, the end-of-text id, and safetensors' "pt" format."""
+    from safetensors import safe_open
+
+    out = export(str(gpt2_run), str(tmp_path / "hf"))
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["GPT2LMHeadModel"]
+    assert config["activation_function"] == "gelu_new"
+    assert config["resid_pdrop"] == config["embd_pdrop"] == config["attn_pdrop"] == 0.0
+    assert config["bos_token_id"] == config["eos_token_id"] == 50256
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: python -m model.hf [-h] {export}")
+    with pytest.raises(UserError, match="invalid choice: 'import'"):
+        main(["import", str(gpt2_run), str(tmp_path / "x")])

@@ -208,6 +208,27 @@ def test_help_says_the_seed_fixes_the_samples_with_the_same_num_samples(run, cap
     assert sample_out(capsys, run, *argv) == sample_out(capsys, run, *argv)
 
 
+def test_a_device_or_dtype_it_cannot_use_is_one_line_and_auto_is_the_cpu_in_float32(run, capsys):
+    for flag, bad in ("--device", "tpu"), ("--dtype", "int8"):
+        with pytest.raises(UserError, match=f"^argument {flag}: invalid choice: '{bad}'"):
+            sample.main(["--out-dir", str(run), flag, bad])
+    for device in "cuda", "mps":
+        if not (torch.cuda if device == "cuda" else torch.mps).is_available():
+            with pytest.raises(UserError, match=f"^--device {device}, but torch cannot use one"):
+                sample.main(["--out-dir", str(run), "--device", device])
+    argv = ["--prompt", "A", "--max-new-tokens", 20, "--seed", 1]
+    auto = sample_out(capsys, run, *argv, "--device", "auto", "--dtype", "auto")
+    assert auto == sample_out(capsys, run, *argv, "--device", "cpu", "--dtype", "float32")
+    for dtype in "bfloat16", "float16":  # taken; their text may differ
+        one_sample(sample_out(capsys, run, *argv, "--dtype", dtype), "A", 20)
+
+
+def test_help_names_the_script(capsys):
+    with pytest.raises(SystemExit):
+        sample.main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: sample.py [-h]")
+
+
 def test_temperature_zero_takes_the_likeliest_token_every_time(run, capsys):
     argv = ["--prompt", "ROMEO:", "--max-new-tokens", 24, "--temperature", 0]
     expected = ends_line("ROMEO:" + greedy_text(run, "ROMEO:", 24))
