@@ -158,12 +158,12 @@ def train(cfg: TrainConfig) -> dict:
             if checkpoint["manifest"] != manifest:
                 raise UserError(
                     f"cannot resume {run_dir}: dataset {cfg.dataset} is not the data "
-                    "it trained on (prepared again, or another); use --init-from "
-                    f"{run_dir} to go on training from its weights"
+                    "it trained on (prepared again, or another); give the --dataset it had, or "
+                    f"train a new run from its weights: --init-from {run_dir} --out-dir NEW"
                 )
             model = model_from(checkpoint, cfg.dropout)
         elif cfg.init_from or cfg.eval_only:
-            weights = cfg.init_from or str(run_dir)
+            weights = cfg.init_from or str(checkpoint_file(run_dir))
             model, trained_on = load_weights(weights, cfg.dropout)
             vocabulary = ("tokenizer", "vocab_size", "chars")
             if any(trained_on.get(k) != manifest.get(k) for k in vocabulary):
@@ -232,14 +232,15 @@ def train(cfg: TrainConfig) -> dict:
             state = TrainState(**checkpoint["state"])
             if master and (metrics := run_dir / "metrics.jsonl").is_file():
                 # An eval at the checkpoint's own step is run again unless the checkpoint holds it.
-                again = lambda r: "val_loss" in r and state.evaluated != state.step
-                lines = metrics.read_text().splitlines()
-                records = [(line, json.loads(line)) for line in lines]
-                kept = [
-                    line
-                    for line, r in records
-                    if r["step"] < state.step or r["step"] == state.step and not again(r)
-                ]
+                kept = []
+                for line in metrics.read_text().splitlines():
+                    try:
+                        r = json.loads(line)
+                    except ValueError:  # a line cut short by a kill
+                        continue
+                    again = "val_loss" in r and state.evaluated != state.step
+                    if r["step"] < state.step or r["step"] == state.step and not again:
+                        kept.append(line)
                 metrics.write_text("".join(line + "\n" for line in kept))
             del checkpoint
 
@@ -390,7 +391,9 @@ def train(cfg: TrainConfig) -> dict:
                         plot_losses(run_dir)
                         scores = ", ".join(f"{k} {v:.4f}" for k, v in losses.items())
                         tqdm.write(f"step {state.step}: {scores}" + " (best)" * improved)
-            if not ddp and stop_signal:  # no step after a signal (under DDP: at the next log)
+            # no step after a signal, nor once an eval has used up the time (under DDP: both are
+            # agreed at the next log)
+            if not ddp and (stop_signal or time.time() > deadline):
                 stop = last = True
             if last:
                 if master and saved != state.step and state.step > 0:
@@ -469,7 +472,7 @@ def train(cfg: TrainConfig) -> dict:
         if wandb_run is not None:
             wandb_run.finish(exit_code=128 + stop_signal if stop_signal else 0)
         if master:
-            why = "max_iters" if state.step == cfg.max_iters else "max_time"
+            why = "max_iters" if state.step >= cfg.max_iters else "max_time"
             why = signal.Signals(stop_signal).name if stop_signal else why
             scores = [f", {k} {v:.4f}" for k, v in losses.items() if k.endswith("loss")]
             scores = "".join(scores) if state.evaluated == state.step else ""
@@ -480,16 +483,20 @@ def train(cfg: TrainConfig) -> dict:
                 print(f"checkpoint {run_dir / 'ckpt.pt'} (the latest, for --resume)")
             if (run_dir / "best.pt").is_file():
                 print(f"best       {run_dir / 'best.pt'} (the lowest val loss: sample.py's)")
-            print(f"metrics    {run_dir / 'metrics.jsonl'} and {run_dir / 'loss.png'}")
+            plot = f" and {run_dir / 'loss.png'}" * (run_dir / "loss.png").is_file()
+            print(f"metrics    {run_dir / 'metrics.jsonl'}{plot}")
             if cfg.sample_tokens and not stop_signal:
                 model.eval()
                 start = torch.tensor([[tok.start_id]], device=rt.device)
                 generator = torch.Generator(rt.device).manual_seed(cfg.seed)
+                ids = []
                 with rt.autocast():
-                    steps = generate(
-                        model, start, cfg.sample_tokens, 0.8, 200, None, generator, tok.vocab_size
-                    )
-                    text = tok.decode([int(t) for t in steps])
+                    sampling = 0.8, 200, None, generator, tok.vocab_size
+                    for t in generate(model, start, cfg.sample_tokens, *sampling):
+                        if stop_signal:  # a signal ends the sample too
+                            break
+                        ids.append(int(t))
+                text = tok.decode(ids)
                 print(f"a sample (python sample.py --out-dir {run_dir} for more):\n{text}")
         final = losses if state.evaluated == state.step else {}  # a stop signal skips the eval
         return {"step": state.step, "stop_signal": stop_signal, **final}

@@ -138,6 +138,9 @@ class TrainConfig(GPTConfig):
         return Path(self.out_dir or f"out/{self.name}")
 
 
+RUN_KEEPS = ("block_size", "dropout")  # network settings a run sets whatever weights it starts from
+
+
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -163,7 +166,10 @@ def load_config(name: str) -> TrainConfig:
         ) from None
     if path.suffix == ".toml":
         values.setdefault("name", path.stem)
-    base = load_config(str(values.pop("base"))) if "base" in values else TrainConfig()
+    try:
+        base = load_config(str(values.pop("base"))) if "base" in values else TrainConfig()
+    except RecursionError:
+        raise UserError(f"{path}: its base is itself, or a base of its base") from None
     names = [f.name for f in fields(TrainConfig)]
     for key in values.keys() - set(names):
         hint = "".join(f"; did you mean {h!r}?" for h in difflib.get_close_matches(key, names, 1))
@@ -177,7 +183,7 @@ def parse_args(argv=None, doc: str = "") -> TrainConfig:
     first = ArgumentParser(add_help=False, allow_abbrev=False)  # --conf X: not --config X
     first.add_argument("--config")
     given = first.parse_known_args(argv)[0].config
-    base = load_config(given or "small")
+    base = load_config("small" if given is None else given)
     parser = ArgumentParser(
         prog="train.py",
         description=doc,
@@ -190,7 +196,9 @@ def parse_args(argv=None, doc: str = "") -> TrainConfig:
     )
     for f in fields(TrainConfig):
         kind, *text = get_args(f.type) if get_origin(f.type) is Annotated else (f.type, "")
-        help = f"{text[0] or 'model/gpt.py'} (default: {getattr(base, f.name)})".replace("%", "%%")
+        weights = "; --resume and --init-from take the weights'" * (f.name not in RUN_KEEPS)
+        text = text[0] or f"the network's (model/gpt.py){weights}"
+        help = f"{text} (default: {getattr(base, f.name)})".replace("%", "%%")
         if kind is bool:
             parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, help=help)
         elif get_origin(kind) is Literal:
@@ -200,16 +208,31 @@ def parse_args(argv=None, doc: str = "") -> TrainConfig:
     typed = vars(parser.parse_args(argv))
     typed.pop("config", None)
     cfg = replace(base, **typed)
-    if cfg.resume and (saved := cfg.run_dir / "config.json").is_file():
+    saved = cfg.run_dir / "config.json"
+    if cfg.resume and not saved.is_file() and (cfg.run_dir / "ckpt.pt").is_file():
+        raise UserError(
+            f"cannot resume {cfg.run_dir}: its config.json is gone; put it back, or start a new "
+            f"run from its weights with --init-from {cfg.run_dir} --out-dir NEW"
+        )
+    if cfg.resume and saved.is_file():
         run = replace(load_config(str(saved)), **typed)
-        if given and run.name != cfg.name:  # its settings would be ignored
+        # A preset names the run's folder; a file's settings would be ignored, so must be the run's.
+        mine = ("out_dir", "threads", "resume")  # the folder's, chosen at start-up, this command's
+        other = [f.name for f in fields(run) if f.name not in mine]
+        other = [n for n in other if getattr(run, n) != getattr(cfg, n)]
+        if given and (run.name != cfg.name or given not in PRESETS and other):
             raise UserError(
-                f"--resume continues {cfg.run_dir} with its own settings, run {run.name!r}'s, "
-                f"not --config {given}'s; leave --config out"
+                f"--resume continues {cfg.run_dir} with its own settings; --config {given} has "
+                f"others ({flag(other[0])} {getattr(cfg, other[0])}, not "
+                f"{getattr(run, other[0])}): leave --config out, and give changes as flags"
             )
         cfg = run
     if cfg.eval_only and "hellaswag_interval" in typed:
         raise UserError("--eval-only scores HellaSwag once: leave --hellaswag-interval out")
+    if cfg.resume and "init_from" in typed:
+        raise UserError("--resume goes on from the run's checkpoint: leave --init-from out")
+    if cfg.resume and cfg.eval_only:
+        raise UserError("--eval-only scores the run's best.pt: leave --resume out")
     return cfg
 
 

@@ -45,7 +45,7 @@ def keep_best(run_dir: Path) -> None:
 def checkpoint_file(path) -> Path:
     """The file a checkpoint is read from: a .pt file, or a run folder's best.pt (else ckpt.pt)."""
     path = Path(path)
-    if path.is_dir():
+    if path.suffix != ".pt":
         path = path / "best.pt" if (path / "best.pt").is_file() else path / "ckpt.pt"
     return path
 
@@ -79,6 +79,8 @@ def load_weights(name: str, dropout: float = 0.0) -> tuple[GPT, dict]:
     if path.suffix == ".pt" or (path / "ckpt.pt").is_file() or (path / "best.pt").is_file():
         checkpoint = load_checkpoint(path)
         return model_from(checkpoint, dropout), checkpoint["manifest"]
+    if name.startswith(("/", ".", "~")) and not path.exists():  # a path, not a hub id
+        raise UserError(f"--init-from {name}: no such file or folder")
     from .hf import load_gpt2
 
     return load_gpt2(name, dropout)

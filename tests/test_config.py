@@ -156,7 +156,9 @@ def test_help_lists_every_field_with_the_chosen_configs_values(preset, capsys, m
     cfg = load_config(preset)
     for f in fields(TrainConfig):
         kind = kind_of(f)
-        about = get_args(f.type)[1] if get_origin(f.type) is Annotated else "model/gpt.py"
+        weights = "; --resume and --init-from take the weights'"
+        about = "the network's (model/gpt.py)" + weights * (f.name not in {"block_size", "dropout"})
+        about = get_args(f.type)[1] if get_origin(f.type) is Annotated else about
         if kind is bool:
             shown = f"{flag(f.name)}, --no-{flag(f.name)[2:]}"
         elif get_origin(kind) is Literal:
@@ -330,9 +332,27 @@ def test_resume_takes_the_runs_settings_and_re_applies_only_what_was_typed(tmp_p
     )
     # another --config's settings would be ignored: one line says so
     assert refused(["--config", "small", *typed]) == (
-        f"--resume continues {run} with its own settings, run 'tiny''s, not --config small's; "
-        "leave --config out"
+        f"--resume continues {run} with its own settings; --config small has others "
+        "(--block-size 64, not 32): leave --config out, and give changes as flags"
     )
+    # a file of the same name but other settings too; the run's own config.json is taken
+    (tmp_path / "tiny.toml").write_text('base = "tiny"\nlr = 0.5\n')
+    assert "--config " + str(tmp_path / "tiny.toml") + " has others (--n-embd 16, not 32)" in (
+        refused(["--config", str(tmp_path / "tiny.toml"), *typed])
+    )
+    assert parse_args(["--config", str(run / "config.json"), *typed]) == replace(
+        ran, max_iters=9, resume=True
+    )
+    # --init-from and --eval-only do nothing with --resume: refused; so is a run without its
+    # config.json
+    with_init = refused([*typed, "--init-from", "gpt2"])
+    assert with_init == "--resume goes on from the run's checkpoint: leave --init-from out"
+    assert refused([*typed, "--eval-only"]) == (
+        "--eval-only scores the run's best.pt: leave --resume out"
+    )
+    (run / "config.json").unlink()
+    (run / "ckpt.pt").write_bytes(b"")
+    assert refused(typed).startswith(f"cannot resume {run}: its config.json is gone; put it back")
     # a preset's run folder, out/<name>, relative to where train.py runs
     (tmp_path / "out" / "tiny").mkdir(parents=True)
     (tmp_path / "out" / "tiny" / "config.json").write_text(
@@ -407,3 +427,10 @@ def test_help_says_init_from_is_not_read_by_resume_and_booleans_take_no_value(ca
     text = " ".join(capsys.readouterr().out.split())
     assert "--init-from STR a run folder, or a GPT-2 folder or hub id; not read by --resume" in text
     assert "--bias, --no-bias" in text and "[BOOL]" not in text
+
+
+def test_an_empty_config_and_a_base_that_is_itself_are_one_line(tmp_path):
+    assert refused(["--config", ""]).startswith("--config : ")
+    (tmp_path / "me.toml").write_text(f'base = "{tmp_path / "me.toml"}"\n')
+    message = refused(["--config", str(tmp_path / "me.toml")])
+    assert message == f"{tmp_path / 'me.toml'}: its base is itself, or a base of its base"

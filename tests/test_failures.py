@@ -120,7 +120,7 @@ def test_resume_after_the_dataset_was_prepared_again_is_refused(tmp_path):
     assert line.startswith(
         f"error: cannot resume {run_dir}: dataset mini is not the data it trained"
     )
-    assert line.endswith(f"use --init-from {run_dir} to go on training from its weights")
+    assert line.endswith(f"a new run from its weights: --init-from {run_dir} --out-dir NEW")
     assert contents(run_dir) == before
 
 
@@ -376,7 +376,7 @@ def test_a_mistake_every_process_finds_is_printed_once_under_torchrun(tmp_path, 
 def test_sample_without_a_checkpoint_names_the_train_command(tmp_path):
     line = one_error_line(in_process(sample.main, "--out-dir", tmp_path / "none"))
     assert line == (
-        f"error: no checkpoint at {tmp_path / 'none'}; train one first "
+        f"error: no checkpoint at {tmp_path / 'none' / 'ckpt.pt'}; train one first "
         "(python train.py --config small writes out/small)"
     )
 

@@ -67,7 +67,8 @@ def test_load_items_reads_each_line_with_its_endings_after_a_space(tmp_path, tok
         ("{not json", "not a HellaSwag item (Expecting property name enclosed in double quotes"),
         (json.dumps({k: v for k, v in ITEM.items() if k != "ctx"}), "not a HellaSwag item ('ctx')"),
         (json.dumps(ITEM | {"label": "x"}), "not a HellaSwag item (invalid literal for int()"),
-        (json.dumps(ITEM | {"label": None}), "not a HellaSwag item (int() argument must be"),
+        (json.dumps(ITEM | {"label": None}), "not a HellaSwag item (invalid literal for int()"),
+        (json.dumps(ITEM | {"label": 1.7}), "not a HellaSwag item (invalid literal for int()"),
         (json.dumps(ITEM | {"ctx": "Señor"}), "not a HellaSwag item ('ñ': not in this model's"),
         ("", "not a HellaSwag item (Expecting value: line 1 column 1 (char 0))"),
         (json.dumps(ITEM | {"endings": ITEM["endings"][:3]}), "a HellaSwag item has four endings"),
@@ -81,6 +82,7 @@ def test_load_items_reads_each_line_with_its_endings_after_a_space(tmp_path, tok
         "no ctx",
         "label x",
         "label null",
+        "label 1.7",
         "unknown char",
         "blank",
         "three endings",
@@ -349,6 +351,11 @@ def test_a_path_with_a_tilde_is_in_the_home_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     write_items(tmp_path / "x.jsonl", [{"ctx": "A", "endings": list("abcd"), "label": 2}])
     assert hellaswag.load_items("~/x.jsonl", TOK)[0][2] == 2
+
+
+def test_a_tilde_of_no_user_is_a_missing_file_in_one_line(tmp_path):
+    with pytest.raises(UserError, match="^--hellaswag ~nosuchuser/x.jsonl: .*No such file"):
+        hellaswag.load_items("~nosuchuser/x.jsonl", TOK)
 
 
 def test_a_resume_whose_file_is_gone_is_told_how_to_go_on_without(tmp_path, data_root, capsys):

@@ -223,6 +223,11 @@ def test_a_device_or_dtype_it_cannot_use_is_one_line_and_auto_is_the_cpu_in_floa
         one_sample(sample_out(capsys, run, *argv, "--dtype", dtype), "A", 20)
 
 
+def test_init_from_a_path_that_is_not_there_is_one_line():
+    with pytest.raises(UserError, match="^--init-from ./no/such/run: no such file or folder$"):
+        sample.main(["--init-from", "./no/such/run"])
+
+
 def test_help_names_the_script(capsys):
     with pytest.raises(SystemExit):
         sample.main(["--help"])

@@ -679,7 +679,7 @@ def test_an_eval_that_fails_loses_no_step_the_steps_before_it_are_saved_first(
 
 @pytest.mark.parametrize("at_eval", [0, 1])  # the first eval (step 0), and step 5's
 def test_a_signal_during_an_eval_ends_it_at_once_and_no_step_is_trained_after_it(
-    tmp_path, data_root, monkeypatch, at_eval
+    tmp_path, data_root, monkeypatch, capsys, at_eval
 ):
     """SIGTERM comes with the second val batch of eval number at_eval: that batch is not used, no
     more are asked for, train's batches are not read, and the run saves what it had and stops."""
@@ -694,8 +694,10 @@ def test_a_signal_during_an_eval_ends_it_at_once_and_no_step_is_trained_after_it
             yield batch
 
     monkeypatch.setattr(train, "eval_batches", signalled)
+    capsys.readouterr()
     result = train.train(tiny(tmp_path, data_root, eval_interval=5, eval_iters=4))
     assert (result["step"], result["stop_signal"]) == (5 * at_eval, signal.SIGTERM)
+    assert ("loss.png" in capsys.readouterr().out) is bool(at_eval)  # named only when drawn
     assert reads == ["val.bin", "train.bin"] * at_eval + ["val.bin"]
     assert handed == (["val.bin"] * 4 + ["train.bin"] * 4) * at_eval + ["val.bin"] * 2
     assert val_losses(tmp_path / "run").keys() == ({0} if at_eval else set())
@@ -775,3 +777,59 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(tmp_path, data_root, mo
         train.train(replace(cfg, resume=resume, max_iters=4))
     why = "Permission denied" if resume else "Not a directory"
     assert str(e.value) == f"cannot write in {cfg.run_dir} ({why}); {fix}"
+
+
+def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path, data_root):
+    cfg = tiny(tmp_path, data_root, max_iters=4)
+    train.train(cfg)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    kept = metrics.read_text()
+    metrics.write_text(kept + '{"step": 5, "lo')
+    train.train(replace(cfg, max_iters=6, resume=True))
+    assert metrics.read_text().startswith(kept) and '"lo\n' not in metrics.read_text()
+    assert sorted({r["step"] for r in records(tmp_path / "run")}) == list(range(7))
+
+
+def test_an_eval_that_uses_up_max_time_ends_the_run_there(tmp_path, data_root, monkeypatch):
+    """Step 0's eval ends past the deadline: no step, no second eval."""
+    evaluate, calls = train.evaluate, []
+
+    def slow(*args):
+        calls.append(1)
+        time.sleep(1.5)
+        return evaluate(*args)
+
+    monkeypatch.setattr(train, "evaluate", slow)
+    result = train.train(tiny(tmp_path, data_root, max_time=1.0, max_iters=10**6))
+    assert result["step"] == 0 and calls == [1]
+
+
+def test_a_resume_past_max_iters_says_so_and_a_signal_ends_the_last_sample(
+    tmp_path, data_root, monkeypatch, capsys
+):
+    cfg = tiny(tmp_path, data_root, max_iters=4)
+    train.train(cfg)
+    train.train(replace(cfg, max_iters=2, resume=True))
+    assert "stopped at step 4 by max_iters" in capsys.readouterr().out
+    generate, drawn = train.generate, []
+
+    def signalled(*args):
+        for i, t in enumerate(generate(*args)):
+            if i == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            drawn.append(t)
+            yield t
+
+    monkeypatch.setattr(train, "generate", signalled)
+    result = train.train(replace(cfg, max_iters=6, resume=True, sample_tokens=1000))
+    assert result["stop_signal"] == signal.SIGINT and len(drawn) == 4
+
+
+@pytest.mark.parametrize("missing", ["empty", "absent"])
+def test_eval_only_of_a_folder_without_a_run_says_there_is_no_checkpoint(
+    tmp_path, data_root, missing
+):
+    if missing == "empty":
+        (tmp_path / "run").mkdir()
+    with pytest.raises(UserError, match=f"^no checkpoint at {tmp_path / 'run' / 'ckpt.pt'}; "):
+        train.train(tiny(tmp_path, data_root, eval_only=True))

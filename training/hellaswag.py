@@ -7,6 +7,7 @@ log-likelihood, `acc_norm` the highest per token. The validation split, 10,042 i
 """
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ from configs import UserError
 def load_items(path: str, tok) -> list[tuple[list[int], list[list[int]], int]]:
     """Each line's (context tokens, the four endings' tokens, label), read afresh at every call."""
     try:
-        lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
+        lines = Path(os.path.expanduser(path)).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(
             f"--hellaswag {path}: {e}; give a HellaSwag .jsonl file (training/hellaswag.py says "
@@ -30,7 +31,7 @@ def load_items(path: str, tok) -> list[tuple[list[int], list[list[int]], int]]:
         try:
             row = json.loads(line)
             endings = [tok.encode(" " + ending) for ending in row["endings"]]
-            items.append((tok.encode(row["ctx"]), endings, int(row["label"])))
+            items.append((tok.encode(row["ctx"]), endings, int(str(row["label"]))))  # not 1.7
         except (ValueError, KeyError, TypeError, UserError) as e:
             raise UserError(f"{where}: not a HellaSwag item ({e})") from None
         if len(endings) != 4 or not all(endings) or items[-1][2] not in range(4):
