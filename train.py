@@ -358,6 +358,8 @@ def train(cfg: TrainConfig) -> dict:
         loss_sum, logged_step = torch.zeros((), device=rt.device), state.step
         loop_started = logged_time = time.time()
         while True:
+            # no time left for a step and the final eval (under DDP, agreed at each log instead)
+            stop = stop or not ddp and time.time() + final_eval > deadline
             last = state.step >= cfg.max_iters or stop
             # evaluate every eval_interval steps and at the end, having saved the steps before it:
             # an eval that fails or is killed loses none
@@ -391,9 +393,10 @@ def train(cfg: TrainConfig) -> dict:
                         plot_losses(run_dir)
                         scores = ", ".join(f"{k} {v:.4f}" for k, v in losses.items())
                         tqdm.write(f"step {state.step}: {scores}" + " (best)" * improved)
-            # no step after a signal, nor once an eval has used up the time (under DDP: both are
-            # agreed at the next log)
-            if not ddp and (stop_signal or time.time() > deadline):
+            # no step after a signal, nor after an eval that left no time for one (under DDP: both
+            # are agreed at the next log)
+            out_of_time = state.evaluated == state.step and time.time() + final_eval > deadline
+            if not ddp and (stop_signal or out_of_time):
                 stop = last = True
             if last:
                 if master and saved != state.step and state.step > 0:

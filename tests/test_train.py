@@ -833,3 +833,36 @@ def test_eval_only_of_a_folder_without_a_run_says_there_is_no_checkpoint(
         (tmp_path / "run").mkdir()
     with pytest.raises(UserError, match=f"^no checkpoint at {tmp_path / 'run' / 'ckpt.pt'}; "):
         train.train(tiny(tmp_path, data_root, eval_only=True))
+
+
+def test_best_pt_is_a_hard_link_of_ckpt_pt_or_a_copy_where_links_are_refused(tmp_path, monkeypatch):
+    from model.checkpoint import keep_best
+
+    (tmp_path / "ckpt.pt").write_bytes(b"weights")
+    keep_best(tmp_path)
+    assert os.stat(tmp_path / "best.pt").st_ino == os.stat(tmp_path / "ckpt.pt").st_ino
+    (tmp_path / "ckpt.pt").unlink()
+    (tmp_path / "ckpt.pt").write_bytes(b"newer")
+
+    def refused(*args):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", refused)
+    keep_best(tmp_path)
+    assert (tmp_path / "best.pt").read_bytes() == b"newer"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "ckpt.pt"]
+
+
+@pytest.mark.parametrize("kept", ["ckpt.pt", "best.pt"])
+def test_init_from_a_run_folder_holding_either_checkpoint_takes_its_weights_and_dropout(
+    tmp_path, data_root, kept
+):
+    from model.checkpoint import load_weights
+
+    train.train(tiny(tmp_path, data_root, max_iters=2))
+    run_dir = tmp_path / "run"
+    (run_dir / ({"ckpt.pt", "best.pt"} - {kept}).pop()).unlink()
+    model, manifest = load_weights(str(run_dir), dropout=0.25)
+    assert model.config.dropout == 0.25 and manifest["name"] == "shakespeare_char"
+    saved = load_checkpoint(run_dir / kept)["model"]
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
