@@ -740,18 +740,20 @@ def test_eval_only_names_the_file_it_scores_also_from_a_runs_config_json(
 ):
     """best.pt (the lowest val loss) is what it scores, and names; with the run's config.json as
     --config, that run's, wherever the command is typed."""
-    train.train(tiny(tmp_path, data_root, max_iters=4, eval_interval=2))
+    train.train(tiny(tmp_path, data_root, max_iters=4, eval_interval=2, eval_batch_size=512))
     run_dir = tmp_path / "run"
     capsys.readouterr()
     for argv in (
-        tiny_args(tmp_path, data_root, "--eval-only"),
+        tiny_args(tmp_path, data_root, "--eval-only", "--eval-batch-size", "512"),
         ["--config", str(run_dir / "config.json"), "--eval-only"],
     ):
         train.train(parse_args(argv))
         first = capsys.readouterr().out.splitlines()[1]
         assert first.startswith(f"{run_dir / 'best.pt'} on shakespeare_char, windows of 32")
     (run_dir / "best.pt").unlink()
-    train.train(parse_args(tiny_args(tmp_path, data_root, "--eval-only")))
+    train.train(
+        parse_args(tiny_args(tmp_path, data_root, "--eval-only", "--eval-batch-size", "512"))
+    )
     assert capsys.readouterr().out.splitlines()[1].startswith(f"{run_dir / 'ckpt.pt'} on ")
 
 
