@@ -59,7 +59,7 @@ class TrainState:
 
 
 @torch.no_grad()
-def evaluate(model, data_dir, cfg: TrainConfig, rt, stopped) -> dict[str, float] | None:
+def evaluate(model, data_dir, cfg: TrainConfig, rt, stopped=lambda: False) -> dict | None:
     """The mean loss per token on the first eval_iters batches of val and of train (0: all of val,
     and as many of train). Each process takes its share of the batches. None when stopped() became
     true in any process: a stop signal ends an eval at once."""
@@ -200,9 +200,8 @@ def train(cfg: TrainConfig) -> dict:
                 return hellaswag.score(model, items, rt, batch_size, tok.vocab_size, stopped)
 
         if cfg.eval_only:
-            never = lambda: False  # Ctrl-C ends it as any command's
-            losses = evaluate(model, data_dir, replace(cfg, eval_iters=0), rt, never)
-            losses |= score_hellaswag(never) if score_hellaswag else {}
+            losses = evaluate(model, data_dir, replace(cfg, eval_iters=0), rt)  # Ctrl-C: 130
+            losses |= score_hellaswag(lambda: False) if score_hellaswag else {}
             if master:
                 scored = cfg.init_from or checkpoint_file(run_dir)
                 print(f"{scored} on {cfg.dataset}, windows of {cfg.block_size}:")
@@ -353,28 +352,26 @@ def train(cfg: TrainConfig) -> dict:
         seconds_before = state.seconds if cfg.max_time else 0.0
         deadline = started + cfg.max_time - seconds_before if cfg.max_time else math.inf
         saved, stop, losses = state.step if cfg.resume else 0, deadline < time.time(), {}
-        eval_seconds = hellaswag_seconds = 0.0
+        hellaswag_seconds = 0.0
         final_eval = 1.0  # the time the final eval and save will take: a second, until one is timed
         loss_sum, logged_step = torch.zeros((), device=rt.device), state.step
         loop_started = logged_time = time.time()
         while True:
-            # no time left for a step and the final eval (under DDP, agreed at each log instead)
-            stop = stop or not ddp and time.time() + final_eval > deadline
             last = state.step >= cfg.max_iters or stop
             # evaluate every eval_interval steps and at the end, having saved the steps before it:
             # an eval that fails or is killed loses none
             due = state.step % cfg.eval_interval == 0 or last
             if due and state.evaluated != state.step and not stop_signal:
+                t0 = time.time()
                 if master and state.step > saved:
                     save()
-                t0 = time.time()
                 losses = evaluate(model, data_dir, cfg, rt, stopped)
                 eval_seconds = time.time() - t0
                 if losses and score_hellaswag and (state.step % hellaswag_every == 0 or last):
                     scores = score_hellaswag(stopped)
                     hellaswag_seconds = time.time() - t0 - eval_seconds
                     losses = losses | scores if scores else None
-                final_eval = 1.2 * (eval_seconds + hellaswag_seconds) + 1  # with the final save
+                final_eval = 1.2 * (eval_seconds + hellaswag_seconds) + 1
                 if losses is None:  # a stop signal here or in another process: stop at once
                     stop_signal, stop, last, losses = stop_signal or signal.SIGTERM, True, True, {}
                 elif not math.isfinite(losses["val_loss"]):
@@ -393,11 +390,13 @@ def train(cfg: TrainConfig) -> dict:
                         plot_losses(run_dir)
                         scores = ", ".join(f"{k} {v:.4f}" for k, v in losses.items())
                         tqdm.write(f"step {state.step}: {scores}" + " (best)" * improved)
-            # no step after a signal, nor after an eval that left no time for one (under DDP: both
-            # are agreed at the next log)
-            out_of_time = state.evaluated == state.step and time.time() + final_eval > deadline
-            if not ddp and (stop_signal or out_of_time):
-                stop = last = True
+                logged_time += time.time() - t0  # the steps' speed, as logged, leaves evals out
+            # No step after a signal, nor when no time is left for one and the final eval: back to
+            # the top, for that eval (none after a signal) and the save. Under DDP the processes
+            # agree on both at the next log instead.
+            if not stop and not ddp and (stop_signal or time.time() + final_eval > deadline):
+                stop = True
+                continue
             if last:
                 if master and saved != state.step and state.step > 0:
                     save()
