@@ -151,6 +151,8 @@ PRESETS = sorted(p.stem for p in Path(__file__).parent.glob("*.toml"))
 def load_config(name: str) -> TrainConfig:
     """A preset's settings, a .toml file's, or a .json file's such as a run's config.json (or its
     folder's). In a file, `base = "small"` starts from a preset."""
+    if not name:  # an unset $VARIABLE in a script
+        raise UserError(f"--config is empty; give a preset ({', '.join(PRESETS)}) or a .toml file")
     path = Path(__file__).with_name(f"{name}.toml") if name in PRESETS else Path(name)
     path = path / "config.json" if path.is_dir() else path
     try:

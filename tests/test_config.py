@@ -430,7 +430,7 @@ def test_help_says_init_from_is_not_read_by_resume_and_booleans_take_no_value(ca
 
 
 def test_an_empty_config_and_a_base_that_is_itself_are_one_line(tmp_path):
-    assert refused(["--config", ""]).startswith("--config : ")
+    assert refused(["--config", ""]).startswith("--config is empty; give a preset (")
     (tmp_path / "me.toml").write_text(f'base = "{tmp_path / "me.toml"}"\n')
     message = refused(["--config", str(tmp_path / "me.toml")])
     assert message == f"{tmp_path / 'me.toml'}: its base is itself, or a base of its base"
