@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from configs import ArgumentParser, UserError, run
+from configs import ArgumentParser, UserError, device_and_dtype, run
 from data.tokenizer import tokenizer
 from model.checkpoint import load_checkpoint, load_weights, model_from
 from model.gpt import generate
@@ -80,7 +80,8 @@ def main(argv=None) -> None:
         "--dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
         default="auto",
-        help="auto: bfloat16 (or float16) on a GPU, float32 elsewhere",
+        help="auto: bfloat16 where the hardware has it (on a CPU, for n_embd over 256), float16 on "
+        "older GPUs, else float32",
     )
     p.add_argument("--compile", action="store_true", help="compiled decoding (model/compiled.py)")
     args = p.parse_args(argv)
@@ -105,15 +106,14 @@ def main(argv=None) -> None:
             f"the model's vocabulary ({model.config.vocab_size}) is smaller than its "
             f"tokenizer's ({tok.vocab_size})"
         )
-    available = {"cuda": torch.cuda.is_available(), "mps": torch.mps.is_available(), "cpu": True}
-    device = next(d for d, ok in available.items() if ok) if args.device == "auto" else args.device
-    if not available[device]:
-        raise UserError(f"--device {device}, but torch cannot use one here; use --device auto")
-    bf16 = device == "cuda" and torch.cuda.is_bf16_supported()
-    auto = "bfloat16" if bf16 else "float16" if device == "cuda" else "float32"
-    model.to(device, getattr(torch, auto if args.dtype == "auto" else args.dtype)).eval()
-    if device == "cpu" and "OMP_NUM_THREADS" not in os.environ and model.config.n_embd <= 256:
-        torch.set_num_threads(1)  # a small model's many tiny ops only slow down with more threads
+    device, dtype = device_and_dtype(args.device, args.dtype)
+    if device == "cpu" and model.config.n_embd <= 256:
+        # A small model's time goes to its many tiny ops, which more threads and bfloat16's
+        # conversions only slow; a large one's to reading its weights, which bfloat16 halves.
+        dtype = torch.float32 if args.dtype == "auto" else dtype
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(1)
+    model.to(device, dtype).eval()
     decoder = model
     if args.compile:
         from model.compiled import compiled

@@ -359,8 +359,9 @@ def train(cfg: TrainConfig) -> dict:
         while True:
             last = state.step >= cfg.max_iters or stop
             # evaluate every eval_interval steps and at the end, having saved the steps before it:
-            # an eval that fails or is killed loses none
-            due = state.step % cfg.eval_interval == 0 or last
+            # an eval that fails or is killed loses none. Step 0's loss is about log(vocab_size):
+            # only a --max-time run evaluates it, to time the eval it leaves room for at the end.
+            due = state.step % cfg.eval_interval == 0 and (state.step or cfg.max_time) or last
             if due and state.evaluated != state.step and not stop_signal:
                 t0 = time.time()
                 if master and state.step > saved:

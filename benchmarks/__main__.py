@@ -5,6 +5,7 @@ python -m benchmarks size                        # Python tokens of the code, an
 python -m benchmarks train --config small --iters 200       # train.py's tokens/s and step time
 python -m benchmarks train --config small --iters 200 --busy 1   # beside a busy process
 python -m benchmarks sample --config small       # decoding tokens/s, eager and compiled
+python -m benchmarks sample --config gpt2 --modes eager,transformers --temperature 0 --tokens 100
 python -m benchmarks time-to-loss --config small # whole `python train.py` runs: wall s, val loss
 """
 
@@ -31,7 +32,9 @@ def main(argv=None) -> None:
     sample = sub.add_parser("sample", help="decoding tokens/s: eager and compiled")
     sample.add_argument("--config", default="small")
     sample.add_argument("--tokens", type=int, default=500, help="tokens decoded per round")
-    sample.add_argument("--modes", default="eager,compiled", help="eager, compiled, or both")
+    sample.add_argument("--modes", default="eager,compiled", help="eager, compiled, transformers")
+    sample.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    sample.add_argument("--dtype", default="auto", help="auto: sample.py's choice on this CPU")
     times = sub.add_parser("time-to-loss", help="whole train.py runs: wall seconds and val loss")
     times.add_argument("--config", default="small")
     times.add_argument("--runs", type=int, default=1)

@@ -60,6 +60,29 @@ def run(main) -> None:
         sys.exit(130)
 
 
+def cpu_has_bf16() -> bool:
+    """Whether the CPU has bfloat16 matmuls in hardware (AVX512-BF16, AMX); emulated, slow."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:  # not Linux: float32 is the safe choice
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def device_and_dtype(device: str, dtype: str) -> tuple[str, torch.dtype]:
+    """--device and --dtype with "auto" decided: a GPU where torch has one, else the CPU; bfloat16
+    where the hardware has it, float16 on older GPUs (with a loss scaler to train), else float32."""
+    available = {"cuda": torch.cuda.is_available(), "mps": torch.mps.is_available(), "cpu": True}
+    device = next(d for d, ok in available.items() if ok) if device == "auto" else device
+    if not available[device]:
+        raise UserError(f"--device {device}, but torch cannot use one here; use --device auto")
+    gpu = device == "cuda"
+    bf16 = torch.cuda.is_bf16_supported() if gpu else device == "cpu" and cpu_has_bf16()
+    auto = torch.bfloat16 if bf16 else torch.float16 if gpu else torch.float32
+    return device, auto if dtype == "auto" else getattr(torch, dtype)
+
+
 @dataclass(frozen=True)
 class TrainConfig(GPTConfig):
     """A run's settings: the network's (GPTConfig, model/gpt.py) and the training's; each a flag."""

@@ -60,11 +60,11 @@ class CausalSelfAttention(nn.Module):
         (B, T) is True at real tokens; with kv_cache, the keys and values of earlier calls are seen
         too."""
         B, T, C = x.size()
-        # (B, T, 3C) -> 3 x (B, T, C) -> 3 x (B, nh, T, hs)
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if rope is not None:
-            q, k = rotate(q, *rope), rotate(k, *rope)
+        # (B, T, 3C) -> (B, T, 3, nh, hs) -> (3, B, nh, T, hs): q, k and v of every head
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv
+        if rope is not None:  # q and k turned together: half the calls, which decoding counts
+            q, k = rotate(qkv[:2], *rope)
         if kv_cache is not None:  # (B, nh, T, hs) -> (B, nh, Tk, hs): the cached keys, then these
             k, v = kv_cache.update(self.layer, k, v)
         mask = None  # which keys each query sees, (B, 1, T, T); None: the plain causal mask
@@ -79,7 +79,7 @@ class CausalSelfAttention(nn.Module):
         causal = mask is None and T > 1
         if causal and Tk > T:
             mask, causal = ~self.future[Tk - T : Tk, :Tk], False
-        if self.explicit:
+        if self.explicit and T > 1:  # one query (decoding) is one call in SDPA, six spelled out
             # (B, nh, T, hs) @ (B, nh, hs, Tk) -> (B, nh, T, Tk)
             att = q @ k.transpose(-2, -1) / math.sqrt(k.size(-1))
             if mask is not None or causal:

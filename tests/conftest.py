@@ -44,7 +44,7 @@ def other_cpu_row():
     value = os.environ.get("CPU_BF16")
     with pytest.MonkeyPatch.context() as mp:
         if value is not None:
-            mp.setattr("training.runtime.cpu_has_bf16", lambda: value == "1")
+            mp.setattr("configs.cpu_has_bf16", lambda: value == "1")
         yield
 
 

@@ -33,6 +33,8 @@ SHRUNK = {  # documented command -> the flags added here
     "python -m benchmarks train --config small --iters 200": ["--iters", "10", *TINY],
     "python -m benchmarks train --config small --iters 200 --busy 1": ["--iters", "10", *TINY],
     "python -m benchmarks sample --config small": ["--tokens", "10", "--modes", "eager"],
+    "python -m benchmarks sample --config gpt2 --modes eager,transformers --temperature 0 "
+    "--tokens 100": ["--tokens", "1"],
     "python -m benchmarks time-to-loss --config small": ["--max-iters", "2", *TINY],
 }
 

@@ -93,7 +93,7 @@ def test_every_preset_loads_and_names_its_run_folder():
         assert isinstance(cfg, TrainConfig)
         assert (cfg.name, cfg.out_dir, cfg.run_dir) == (name, "", Path("out", name))
     small = load_config("small")
-    assert (small.n_layer, small.n_embd, small.max_iters, small.optimizer) == (4, 128, 1600, "muon")
+    assert (small.n_layer, small.n_embd, small.max_iters, small.optimizer) == (4, 128, 1050, "muon")
     assert load_config("gpt2").vocab_size == 50304 and load_config("gpt2").compile is True
 
 
@@ -167,7 +167,7 @@ def test_help_lists_every_field_with_the_chosen_configs_values(preset, capsys, m
             shown = f"{flag(f.name)} {kind.__name__.upper()}"
         assert f"{shown} {about} (default: {getattr(cfg, f.name)})" in text, f.name
     assert f"optimizer steps (default: {cfg.max_iters})" in text
-    assert ("(default: 1600)" in text) is (preset == "small")
+    assert ("(default: 1050)" in text) is (preset == "small")
     assert "finetune_gpt2, gpt2, shakespeare_gpu, small, tiny" in text
 
 

@@ -189,6 +189,10 @@ def test_a_model_that_cannot_fit_is_refused_before_it_is_made(tmp_path, data_roo
         data_root,
         "--block-size",
         100000,
+        "--batch-size",
+        16,
+        "--dtype",
+        "bfloat16",  # the figure below does not depend on the CPU
     ]
     proc = script("train.py", *argv, "--out-dir", tmp_path / "run", preexec_fn=limit_memory)
     line = one_error_line(proc)

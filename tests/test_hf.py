@@ -398,6 +398,7 @@ def test_init_from_an_export_trains_on_and_eval_only_equals_transformers_loss(
             dtype="float32",
             max_iters=2,
             eval_interval=2,
+            max_time=600,  # which evaluates step 0 too
             threads=1,
         )
     )

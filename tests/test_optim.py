@@ -147,7 +147,7 @@ def muon_vs_torch(ours_kw: dict, torch_kw: dict, steps: int = 3) -> float:
     start = [p.clone() for p in ours]
     opts = [
         Muon(ours, **ours_kw),
-        torch.optim.Muon(theirs, nesterov=True, adjust_lr_fn="original", **torch_kw),
+        torch.optim.Muon(theirs, nesterov=True, adjust_lr_fn="original", ns_steps=4, **torch_kw),
     ]
     for _ in range(steps):
         grads = [torch.randn(s, generator=gen) * 1e-2 for s in SHAPES]
@@ -169,10 +169,10 @@ def test_muon_takes_torch_optim_muons_steps():
 
 
 def test_muons_defaults_are_torchs_usual_values():
-    """lr 0.02, momentum 0.95, no weight decay: within bfloat16's rounding (1.5% measured) of
-    torch's steps, where momentum 0.9 would be tens of percent away."""
-    assert muon_vs_torch({}, dict(lr=0.02, momentum=0.95, weight_decay=0.0)) < 0.03
-    assert muon_vs_torch({}, dict(lr=0.02, momentum=0.9, weight_decay=0.0)) > 0.05
+    """lr 0.02, momentum 0.95, no weight decay: within bfloat16's rounding (1.2% measured) of
+    torch's steps, where momentum 0.9 is 4.7% away."""
+    assert muon_vs_torch({}, dict(lr=0.02, momentum=0.95, weight_decay=0.0)) < 0.025
+    assert muon_vs_torch({}, dict(lr=0.02, momentum=0.9, weight_decay=0.0)) > 0.035
 
 
 def test_muon_leaves_parameters_without_a_gradient_alone():
@@ -187,7 +187,7 @@ def test_muon_leaves_parameters_without_a_gradient_alone():
 
 @pytest.mark.parametrize("shape", [(2, 48, 16), (2, 16, 48), (1, 32, 32)])
 def test_orthogonalize_brings_every_singular_value_near_one_keeping_the_directions(shape):
-    """Newton-Schulz maps each singular value s of G / |G| by f(x) = a x + b x^3 + c x^5, five
+    """Newton-Schulz maps each singular value s of G / |G| by f(x) = a x + b x^3 + c x^5, four
     times, and keeps the singular vectors: U V^T, up to the band [0.68, 1.14] f leaves."""
     g = torch.randn(shape, generator=torch.Generator().manual_seed(0))
     o = orthogonalize(g, torch.float32)
@@ -195,7 +195,7 @@ def test_orthogonalize_brings_every_singular_value_near_one_keeping_the_directio
     s = torch.linalg.svdvals(o)
     assert 0.65 < s.min() and s.max() < 1.2
     x = torch.linalg.svdvals(g.double()) / (g.double().norm(dim=(-2, -1), keepdim=True)[..., 0])
-    for _ in range(5):
+    for _ in range(4):
         x = 3.4445 * x - 4.7750 * x**3 + 2.0315 * x**5
     # f is not monotonic on [0, 1]: compare the values sorted
     assert torch.allclose(s.double(), x.sort(descending=True).values, atol=2e-5)

@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import tiny
 
+import configs
 import train
 from configs import UserError, load_config
 from model.gpt import GPTConfig
@@ -25,7 +26,7 @@ from training import runtime
 from training.runtime import Runtime, check_fits, setup
 
 # The real functions, as imported before conftest's CPU_BF16 fixture can stand in for them.
-cpu_has_bf16, idle_cores = runtime.cpu_has_bf16, runtime.idle_cores
+cpu_has_bf16, idle_cores = configs.cpu_has_bf16, runtime.idle_cores
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def machine(monkeypatch):
     monkeypatch.setattr(torch.mps, "is_available", lambda: m.mps)
     monkeypatch.setattr(torch, "set_float32_matmul_precision", m.precision.append)
     monkeypatch.setattr(importlib.util, "find_spec", find)
-    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: m.cpu_bf16)
+    monkeypatch.setattr(configs, "cpu_has_bf16", lambda: m.cpu_bf16)
     monkeypatch.setattr(runtime, "idle_cores", idle)
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
@@ -214,7 +215,7 @@ def test_autocast_is_off_for_float32_and_on_otherwise():
 
 
 def fake_files(monkeypatch, files: dict):
-    """runtime's open() reads these texts (a list: one per read) and nothing else."""
+    """open() in runtime and configs reads these texts (a list: one per read) and nothing else."""
     reads = []
 
     def fake_open(path, *args, **kwargs):
@@ -224,7 +225,8 @@ def fake_files(monkeypatch, files: dict):
             raise FileNotFoundError(path)
         return io.StringIO(text.pop(0) if isinstance(text, list) else text)
 
-    monkeypatch.setattr(runtime, "open", fake_open, raising=False)
+    for module in runtime, configs:
+        monkeypatch.setattr(module, "open", fake_open, raising=False)
     return reads
 
 
@@ -393,7 +395,7 @@ def test_the_first_line_names_the_device_dtype_threads_and_compile(tmp_path, dat
 
 
 def test_the_first_line_names_the_dtype_auto_picked(tmp_path, data_root, capsys, monkeypatch):
-    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(configs, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr(runtime, "idle_cores", lambda: 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

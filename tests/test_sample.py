@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import ROOT, hf_tiny, script, tiny
 
+import configs
 import sample
 import train
 from configs import UserError
@@ -456,6 +457,26 @@ def test_a_small_model_samples_on_one_thread_unless_omp_num_threads_is_set(
     torch.set_num_threads(2)
     sample_out(capsys, model_run(tmp_path, 16), "--prompt", "A", "--max-new-tokens", 1)
     assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("bf16_cpu", [False, True])
+def test_auto_decodes_a_large_model_in_bfloat16_where_the_cpu_has_it_a_small_one_in_float32(
+    tmp_path, capsys, monkeypatch, bf16_cpu
+):
+    seen = []
+
+    def spy(model, *args):
+        seen.append(model.lm_head.weight.dtype)
+        return generate(model, *args)
+
+    monkeypatch.setattr(sample, "generate", spy)
+    monkeypatch.setattr(configs, "cpu_has_bf16", lambda: bf16_cpu)
+    for n_embd in 256, 272:
+        sample_out(capsys, model_run(tmp_path, n_embd), "--prompt", "A", "--max-new-tokens", 1)
+    large = torch.bfloat16 if bf16_cpu else torch.float32
+    assert seen == [torch.float32, large]
+    sample_out(capsys, model_run(tmp_path, 256), "--prompt", "A", "--dtype", "bfloat16")
+    assert seen[-1] == torch.bfloat16  # asked for: taken, whatever the size
 
 
 def test_sample_py_run_as_a_script_prints_the_prompt_and_exits_0(run):

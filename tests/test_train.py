@@ -194,7 +194,7 @@ def test_the_same_result_whatever_the_split_between_processes_and_accumulation(
     assert la.keys() == lb.keys() == {1, 2, 3, 4}
     assert all(la[s] == pytest.approx(lb[s], abs=1e-6) for s in la)
     va, vb = val_losses(tmp_path / "ddp" / "run"), val_losses(tmp_path / "one" / "run")
-    assert va.keys() == vb.keys() == {0, 2, 4}
+    assert va.keys() == vb.keys() == {2, 4}
     assert all(va[s] == pytest.approx(vb[s], abs=1e-6) for s in va)
 
 
@@ -225,8 +225,8 @@ def wait_until(ready, proc, tmp_path, timeout=120):
 
 
 def logged(run_dir, at_least=1):
-    """Whether metrics.jsonl has at_least lines (the first: step 0's eval, by which time the run's
-    signal handlers are in place)."""
+    """Whether metrics.jsonl has at_least lines (by the first, the run's signal handlers are in
+    place)."""
     path = run_dir / "metrics.jsonl"
     return lambda: path.is_file() and path.read_text().count("\n") >= at_least
 
@@ -247,7 +247,7 @@ def test_a_stop_signal_saves_the_step_in_progress_and_exits_128_plus_its_number(
     run_dir = tmp_path / "run"
     step = saved_step(run_dir / "ckpt.pt")
     assert step >= 1 and max(losses(run_dir)) == step  # the last step logged is the one saved
-    assert val_losses(run_dir).keys() == {0}  # a signal skips the final eval
+    assert val_losses(run_dir) == {}  # a signal skips the final eval
     assert f"stopped at step {step} by {sig.name}" in out
     assert f"checkpoint {run_dir / 'ckpt.pt'}" in out and "a sample" not in out
     assert "Traceback" not in err
@@ -331,7 +331,7 @@ def scripted_evals(monkeypatch, val_losses):
 def test_best_pt_keeps_the_lowest_val_loss_while_ckpt_pt_is_the_latest(
     tmp_path, data_root, monkeypatch
 ):
-    scripted_evals(monkeypatch, [4.0, 3.0, 2.0, 2.5, 2.7])  # steps 0, 5, 10, 15, 20
+    scripted_evals(monkeypatch, [3.0, 2.0, 2.5, 2.7])  # steps 5, 10, 15, 20
     result = train.train(tiny(tmp_path, data_root, eval_interval=5))
     run_dir = tmp_path / "run"
     assert result["val_loss"] == 2.7
@@ -339,7 +339,7 @@ def test_best_pt_keeps_the_lowest_val_loss_while_ckpt_pt_is_the_latest(
     assert latest["state"]["step"] == 20 and latest["state"]["best_val"] == 2.0
     assert best["state"]["step"] == 10  # saved before the eval that made it the best
     assert load_checkpoint(run_dir)["state"]["step"] == 10  # what sample.py reads: best.pt
-    assert val_losses(run_dir) == {0: 4.0, 5: 3.0, 10: 2.0, 15: 2.5, 20: 2.7}
+    assert val_losses(run_dir) == {5: 3.0, 10: 2.0, 15: 2.5, 20: 2.7}  # step 0 is not evaluated
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
@@ -347,13 +347,13 @@ def test_a_non_finite_val_loss_stops_the_run_and_best_pt_keeps_the_last_good_eva
     tmp_path, data_root, monkeypatch, bad
 ):
     """The steps before an eval are saved before it (their weights are finite): ckpt.pt has them."""
-    scripted_evals(monkeypatch, [4.0, 3.0, bad])
+    scripted_evals(monkeypatch, [3.0, bad])  # steps 5 and 10
     run_dir = tmp_path / "run"
     kept = re.escape(f"keeping {run_dir / 'ckpt.pt'} (step 10)")
     with pytest.raises(UserError, match=rf"^the val loss became {bad} at step 10; .*{kept}"):
         train.train(tiny(tmp_path, data_root, eval_interval=5))
     assert (saved_step(run_dir / "ckpt.pt"), saved_step(run_dir / "best.pt")) == (10, 5)
-    assert val_losses(run_dir) == {0: 4.0, 5: 3.0}
+    assert val_losses(run_dir) == {5: 3.0}
 
 
 def test_eval_only_reproduces_a_finished_runs_final_whole_split_val_loss(
@@ -425,7 +425,7 @@ def test_a_resume_drops_the_metrics_past_its_checkpoint_then_appends(tmp_path, d
     train.train(replace(cfg, max_iters=8, resume=True))
     assert metrics.read_text().startswith(kept)
     lines = [(r["step"], "loss" in r) for r in records(tmp_path / "run")]
-    evals = [(s, False) for s in (0, 3, 6, 8)]
+    evals = [(s, False) for s in (3, 6, 8)]
     steps = [(s, True) for s in range(1, 9)]
     assert lines == sorted(evals + steps, key=lambda line: (line[0], not line[1]))
     assert 99.0 not in [v for r in records(tmp_path / "run") for v in r.values()]
@@ -596,7 +596,7 @@ def test_a_fresh_run_may_reuse_the_folder_of_a_run_that_never_saved(tmp_path, da
     (unsaved / "config.json").write_text('{"lr": 1}')
     (unsaved / "metrics.jsonl").write_text(json.dumps({"step": 50, "loss": 99.0}) + "\n")
     assert train.train(tiny(tmp_path, data_root, max_iters=2))["step"] == 2
-    assert records(unsaved)[0]["step"] == 0 and 50 not in losses(unsaved)
+    assert records(unsaved)[0]["step"] == 1 and 50 not in losses(unsaved)
     assert json.loads((unsaved / "config.json").read_text())["lr"] == 1e-3
 
 
@@ -667,7 +667,7 @@ def test_an_eval_that_fails_loses_no_step_the_steps_before_it_are_saved_first(
 
     def fails_at_step_5(*args):
         calls.append(1)
-        if len(calls) == 2:  # step 0's eval, then step 5's
+        if len(calls) == 1:  # the first eval: step 5's (step 0 has none)
             raise RuntimeError("the eval died")
         return evaluate(*args)
 
@@ -677,7 +677,7 @@ def test_an_eval_that_fails_loses_no_step_the_steps_before_it_are_saved_first(
     assert saved_step(tmp_path / "run" / "ckpt.pt") == 5
 
 
-@pytest.mark.parametrize("at_eval", [0, 1])  # the first eval (step 0), and step 5's
+@pytest.mark.parametrize("at_eval", [0, 1])  # the first eval (step 5), and step 10's
 def test_a_signal_during_an_eval_ends_it_at_once_and_no_step_is_trained_after_it(
     tmp_path, data_root, monkeypatch, capsys, at_eval
 ):
@@ -696,15 +696,12 @@ def test_a_signal_during_an_eval_ends_it_at_once_and_no_step_is_trained_after_it
     monkeypatch.setattr(train, "eval_batches", signalled)
     capsys.readouterr()
     result = train.train(tiny(tmp_path, data_root, eval_interval=5, eval_iters=4))
-    assert (result["step"], result["stop_signal"]) == (5 * at_eval, signal.SIGTERM)
+    assert (result["step"], result["stop_signal"]) == (5 + 5 * at_eval, signal.SIGTERM)
     assert ("loss.png" in capsys.readouterr().out) is bool(at_eval)  # named only when drawn
     assert reads == ["val.bin", "train.bin"] * at_eval + ["val.bin"]
     assert handed == (["val.bin"] * 4 + ["train.bin"] * 4) * at_eval + ["val.bin"] * 2
-    assert val_losses(tmp_path / "run").keys() == ({0} if at_eval else set())
-    if at_eval:
-        assert saved_step(tmp_path / "run" / "ckpt.pt") == 5  # saved before the eval
-    else:
-        assert not (tmp_path / "run" / "ckpt.pt").exists()  # nothing was trained
+    assert val_losses(tmp_path / "run").keys() == ({5} if at_eval else set())
+    assert saved_step(tmp_path / "run" / "ckpt.pt") == 5 + 5 * at_eval  # saved before the eval
 
 
 def test_resume_goes_on_with_a_max_time_runs_schedule_where_it_stopped(
@@ -789,11 +786,11 @@ def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path, data_
     metrics.write_text(kept + '{"step": 5, "lo')
     train.train(replace(cfg, max_iters=6, resume=True))
     assert metrics.read_text().startswith(kept) and '"lo\n' not in metrics.read_text()
-    assert sorted({r["step"] for r in records(tmp_path / "run")}) == list(range(7))
+    assert sorted({r["step"] for r in records(tmp_path / "run")}) == list(range(1, 7))
 
 
 def test_an_eval_that_uses_up_max_time_ends_the_run_there(tmp_path, data_root, monkeypatch):
-    """Step 0's eval ends past the deadline: no step, no second eval."""
+    """Step 0's eval (a --max-time run has one) ends past the deadline: no step, no second eval."""
     evaluate, calls = train.evaluate, []
 
     def slow(*args):

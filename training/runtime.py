@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from configs import UserError
+from configs import UserError, device_and_dtype
 
 
 @dataclass(frozen=True)
@@ -26,16 +26,6 @@ class Runtime:
         return torch.autocast(
             self.device.split(":")[0], self.dtype, enabled=self.dtype != torch.float32
         )
-
-
-def cpu_has_bf16() -> bool:
-    """Whether the CPU has bfloat16 matmuls in hardware (AVX512-BF16, AMX); emulated, slow."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:  # not Linux: float32 is the safe choice
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def idle_cores() -> int:
@@ -66,10 +56,7 @@ def setup(cfg) -> Runtime:
     seed; and, when torchrun started this process, join its group (NCCL on GPUs, gloo on CPUs)."""
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    available = {"cuda": torch.cuda.is_available(), "mps": torch.mps.is_available(), "cpu": True}
-    device = next(d for d, ok in available.items() if ok) if cfg.device == "auto" else cfg.device
-    if not available[device]:
-        raise UserError(f"--device {device}, but torch cannot use one here; use --device auto")
+    device, dtype = device_and_dtype(cfg.device, cfg.dtype)
     gpu = device == "cuda"
     compiles = device == "cpu"  # a C++ compiler makes a CPU's kernels; Triton a GPU's (Volta on)
     if gpu:
@@ -78,10 +65,6 @@ def setup(cfg) -> Runtime:
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: nearly free speed from Ampere on
         capable = torch.cuda.get_device_capability() >= (7, 0)
         compiles = capable and importlib.util.find_spec("triton") is not None
-    # bfloat16 where the hardware has it; older GPUs have float16 and a loss scaler instead.
-    bf16 = torch.cuda.is_bf16_supported() if gpu else device == "cpu" and cpu_has_bf16()
-    auto = torch.bfloat16 if bf16 else torch.float16 if gpu else torch.float32
-    dtype = auto if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
     if device == "cpu":
         # A thread per core that others leave idle: OpenMP's threads spin while they wait for each
         # other, so one on a busy core slows every step. OMP_NUM_THREADS or --threads overrides it.
