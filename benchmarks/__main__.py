@@ -34,7 +34,12 @@ def main(argv=None) -> None:
     sample.add_argument("--tokens", type=int, default=500, help="tokens decoded per round")
     sample.add_argument("--modes", default="eager,compiled", help="eager, compiled, transformers")
     sample.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
-    sample.add_argument("--dtype", default="auto", help="auto: sample.py's choice on this CPU")
+    sample.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="auto: sample.py's choice on this CPU (transformers: its float32)",
+    )
     times = sub.add_parser("time-to-loss", help="whole train.py runs: wall seconds and val loss")
     times.add_argument("--config", default="small")
     times.add_argument("--runs", type=int, default=1)

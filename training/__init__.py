@@ -1,1 +1,1 @@
-"""The machinery under train.py: device set-up, optimizer, run pieces, budget, log and plan."""
+"""The machinery under train.py: device set-up, optimizer and schedule, HellaSwag, plot, wandb."""
