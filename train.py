@@ -17,15 +17,16 @@ inf stops it without saving, and exits 2, as a mistake in the settings does.
 """
 
 import contextlib
-import fcntl
 import json
 import math
 import os
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass, fields, replace
 
 import torch
+from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from configs import TrainConfig, UserError, parse_args, run, settings
@@ -42,7 +43,7 @@ from model.checkpoint import (
 )
 from model.gpt import GPT, GPTConfig, generate
 from training.optim import lr_factor, make_optimizers
-from training.runtime import check_fits, setup
+from training.runtime import check_fits, peak_flops, setup
 
 RUN_FILES = {"ckpt.pt", "best.pt", "config.json", "metrics.jsonl", "loss.png", "wandb"}
 
@@ -63,6 +64,12 @@ def evaluate(model, data_dir, cfg: TrainConfig, rt, stopped=lambda: False) -> di
     """The mean loss per token on the first eval_iters batches of val and of train (0: all of val,
     and as many of train). Each process takes its share of the batches. None when stopped() became
     true in any process: a stop signal ends an eval at once."""
+    if rt.world_size > 1:  # each process steps its own copy of the weights: they must stay equal
+        sums = torch.stack([p.detach().float().sum() for p in model.parameters()])
+        first = sums.clone()
+        torch.distributed.broadcast(first, 0)
+        if not torch.equal(sums, first):
+            print(f"warning: process {rt.rank}'s weights differ from process 0's", file=sys.stderr)
     model.eval()
     batch_size = cfg.eval_batch_size or cfg.batch_size
     windows = len(read_tokens(data_dir / "val.bin")) // cfg.block_size
@@ -97,7 +104,7 @@ def train(cfg: TrainConfig) -> dict:
     started = time.time()
     # device, dtype, compile, CPU threads, the seed and DDP: the first line names them
     rt = setup(cfg)
-    master, ddp = rt.rank == 0, rt.world_size > 1
+    master, ddp = rt.rank == 0, torch.distributed.is_initialized()
     if rt.device == "cpu":  # saved with the run, so that --resume sums in the same order
         cfg = replace(cfg, threads=torch.get_num_threads())
     if master:  # e.g. "cpu, 2 threads, bfloat16, compile off"
@@ -108,7 +115,10 @@ def train(cfg: TrainConfig) -> dict:
             parts.append(f"{cfg.threads} thread" + "s" * (cfg.threads > 1))
         if ddp:
             parts.append(f"{rt.world_size} processes")
-        print(", ".join([*parts, str(rt.dtype)[6:], f"compile {'on' if rt.compile else 'off'}"]))
+        parts += [str(rt.dtype)[6:], f"compile {'on' if rt.compile else 'off'}"]
+        if cfg.compile and not rt.compile:
+            parts[-1] += " (this machine cannot compile: docs/devices.md)"
+        print(", ".join(parts + ["deterministic"] * cfg.deterministic))
     with contextlib.ExitStack() as stack:
         if ddp:
             stack.callback(torch.distributed.destroy_process_group)
@@ -124,29 +134,28 @@ def train(cfg: TrainConfig) -> dict:
                     f"{run_dir} holds files no run wrote ({', '.join(others[:3])}); "
                     "pick another --out-dir"
                 )
-            try:
-                run_dir.mkdir(parents=True, exist_ok=True)
-                lock = stack.enter_context(open(run_dir / ".lock", "w"))
-            except OSError as e:
-                fix = "make it writable to resume it" if cfg.resume else "pick another --out-dir"
-                raise UserError(f"cannot write in {run_dir} ({e.strerror}); {fix}") from None
             try:  # the lock dies with its process: a killed run leaves none behind
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                stack.enter_context(FileLock(run_dir / ".lock", timeout=0))
+            except Timeout:
                 raise UserError(
                     f"{run_dir} is in use by another run; wait for it, or pick another --out-dir"
                 ) from None
+            except OSError as e:
+                fix = "make it writable to resume it" if cfg.resume else "pick another --out-dir"
+                raise UserError(f"cannot write in {run_dir} ({e.strerror}); {fix}") from None
             if not cfg.resume and (run_dir / "ckpt.pt").exists():
                 raise UserError(
                     f"{run_dir} holds a trained run; continue it with --resume, or start "
                     "another with --out-dir"
                 )
 
-        # data: the token files (rank 0 prepares a preset on first use) and their tokenizer
-        if ddp and not master:
+        # data: the token files (each node's first process prepares a preset on first use, the
+        # others wait for it) and their tokenizer
+        if ddp and rt.local_rank > 0:
             torch.distributed.barrier()
         data_dir = dataset_dir(cfg.dataset, cfg.data_root, quiet=not master)
-        if ddp and master:
+        if ddp and rt.local_rank == 0:
             torch.distributed.barrier()
         manifest = json.loads((data_dir / "manifest.json").read_text())
         tok = tokenizer(manifest)
@@ -174,7 +183,8 @@ def train(cfg: TrainConfig) -> dict:
         else:
             shape = {f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}
             config = GPTConfig(**shape | {"vocab_size": cfg.vocab_size or tok.vocab_size})
-            check_fits(config, cfg, rt)  # before the model: its masks take block_size^2 bytes each
+            # before the model: its masks alone take block_size^2 bytes a layer
+            check_fits(config, cfg.batch_size, rt)
             model = GPT(config)
         if model.config.vocab_size < tok.vocab_size:
             raise UserError(
@@ -227,7 +237,8 @@ def train(cfg: TrainConfig) -> dict:
                     f"run ({e}); resume with the --optimizer it had, or use "
                     f"--init-from {run_dir}"
                 ) from None
-            scaler.load_state_dict(checkpoint["scaler"])
+            if checkpoint["scaler"]:  # empty unless the run trained in float16
+                scaler.load_state_dict(checkpoint["scaler"])
             state = TrainState(**checkpoint["state"])
             if master and (metrics := run_dir / "metrics.jsonl").is_file():
                 # An eval at the checkpoint's own step is run again unless the checkpoint holds it.
@@ -246,8 +257,12 @@ def train(cfg: TrainConfig) -> dict:
         # the training step's model: compiled, and under DDP wrapped; checkpoints hold the model
         train_model = torch.compile(model) if rt.compile else model
         if ddp:
+            # No buffer is broadcast before each forward: the masks and rotary angles follow from
+            # the config, the same in every process.
             ids = [rt.local_rank] if rt.device.startswith("cuda") else None
-            train_model = torch.nn.parallel.DistributedDataParallel(train_model, device_ids=ids)
+            train_model = torch.nn.parallel.DistributedDataParallel(
+                train_model, device_ids=ids, broadcast_buffers=False
+            )
 
             # Gone before the process group that it holds: a group kept alive into interpreter exit
             # keeps gloo's threads, which can abort a finished job there.
@@ -257,6 +272,10 @@ def train(cfg: TrainConfig) -> dict:
 
             stack.callback(release)
         micro_step = cfg.batch_size * cfg.block_size * rt.world_size  # tokens
+        # Model FLOPs utilization: a token's FLOPs as nanoGPT counts them (6 a parameter, and
+        # attention's), over the GPUs' peak; none on a CPU.
+        token_flops = 6 * model.num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+        gpu_flops = peak_flops(rt.device) * rt.world_size
         if cfg.tokens_per_step % micro_step:
             raise UserError(
                 f"--tokens-per-step {cfg.tokens_per_step} is not a multiple of "
@@ -340,7 +359,7 @@ def train(cfg: TrainConfig) -> dict:
         def stopped() -> bool:  # read by the evals, which a signal ends at once
             return stop_signal > 0
 
-        for sig in signal.SIGINT, signal.SIGTERM, signal.SIGUSR1:
+        for sig in signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", signal.SIGTERM):
             # A job that a script started with `cmd &` ignores Ctrl-C, and keeps to it.
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 stack.callback(signal.signal, sig, signal.signal(sig, request_stop))
@@ -455,19 +474,13 @@ def train(cfg: TrainConfig) -> dict:
                 stop_signal = stop_signal or signal.SIGTERM * (signalled > 0)  # another's signal
                 tokens_per_s = steps * grad_accum * micro_step / (now - logged_time)
                 if master:
-                    log(
-                        {
-                            "step": state.step,
-                            "loss": loss_value,
-                            "lr": lr * cfg.lr,
-                            "tokens_per_s": round(tokens_per_s),
-                            "time": round(now - started, 2),
-                        }
-                    )
-                    bar.set_postfix_str(
-                        f"loss {loss_value:.4f} lr {lr * cfg.lr:.2e} {tokens_per_s:,.0f} tok/s",
-                        refresh=False,
-                    )
+                    speed = {"tokens_per_s": round(tokens_per_s), "time": round(now - started, 2)}
+                    if gpu_flops:
+                        speed["mfu"] = round(tokens_per_s * token_flops / gpu_flops, 4)
+                    log({"step": state.step, "loss": loss_value, "lr": lr * cfg.lr, **speed})
+                    shown = f"loss {loss_value:.4f} lr {lr * cfg.lr:.2e} {tokens_per_s:,.0f} tok/s"
+                    shown += f" mfu {speed['mfu']:.1%}" if gpu_flops else ""
+                    bar.set_postfix_str(shown, refresh=False)
                 loss_sum, logged_step, logged_time = torch.zeros_like(loss_sum), state.step, now
         bar.close()
 

@@ -7,6 +7,7 @@ python -m benchmarks train --config small --iters 200 --busy 1   # beside a busy
 python -m benchmarks sample --config small       # decoding tokens/s, eager and compiled
 python -m benchmarks sample --config gpt2 --modes eager,transformers --temperature 0 --tokens 100
 python -m benchmarks time-to-loss --config small # whole `python train.py` runs: wall s, val loss
+python -m benchmarks gpu                         # pytest -m cuda, GPT-2's step, shakespeare_gpu
 """
 
 import argparse
@@ -16,7 +17,7 @@ from configs import ArgumentParser, run
 
 
 def main(argv=None) -> None:
-    from . import decode, runs, size
+    from . import decode, gpu, runs, size
 
     p = ArgumentParser(
         prog="python -m benchmarks",
@@ -43,6 +44,9 @@ def main(argv=None) -> None:
     times = sub.add_parser("time-to-loss", help="whole train.py runs: wall seconds and val loss")
     times.add_argument("--config", default="small")
     times.add_argument("--runs", type=int, default=1)
+    on_gpu = sub.add_parser("gpu", help="one GPU: the cuda tests, GPT-2's step, shakespeare_gpu")
+    on_gpu.add_argument("--iters", type=int, default=30, help="GPT-2 steps (the last 5 timed)")
+    on_gpu.add_argument("--nanogpt", help="nanoGPT's repository: its bench.py runs beside ours")
     args, extra = p.parse_known_args(argv)  # train and time-to-loss pass other flags to train.py
     if extra and args.command not in ("train", "time-to-loss"):
         p.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -50,6 +54,8 @@ def main(argv=None) -> None:
         size.main()
     elif args.command == "sample":
         decode.main(args)
+    elif args.command == "gpu":
+        gpu.main(args)
     else:
         (runs.train if args.command == "train" else runs.time_to_loss)(args, extra)
 

@@ -40,7 +40,8 @@ def run(main) -> None:
     """Run a script's main(). A UserError, or running out of memory, is one `error:` line and exit 2
     (under torchrun, printed by rank 0 only); Ctrl-C exits 130; `| head` ends it quietly; and text
     the terminal cannot encode is escaped."""
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if hasattr(signal, "SIGPIPE"):  # not on Windows
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     for stream in sys.stdout, sys.stderr:
         stream.reconfigure(errors="backslashreplace")
     try:
@@ -78,7 +79,10 @@ def device_and_dtype(device: str, dtype: str) -> tuple[str, torch.dtype]:
     if not available[device]:
         raise UserError(f"--device {device}, but torch cannot use one here; use --device auto")
     gpu = device == "cuda"
-    bf16 = torch.cuda.is_bf16_supported() if gpu else device == "cpu" and cpu_has_bf16()
+    if gpu:  # bfloat16 in hardware from Ampere (8.0) on; asked of this process's GPU, not cuda:0
+        bf16 = torch.cuda.get_device_capability(int(os.environ.get("LOCAL_RANK", 0))) >= (8, 0)
+    else:
+        bf16 = device == "cpu" and cpu_has_bf16()
     auto = torch.bfloat16 if bf16 else torch.float16 if gpu else torch.float32
     return device, auto if dtype == "auto" else getattr(torch, dtype)
 

@@ -15,7 +15,6 @@ already prepared from the same bytes is reused; --force prepares it again.
 
 import argparse
 import difflib
-import fcntl
 import hashlib
 import itertools
 import json
@@ -24,6 +23,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from filelock import FileLock
 from tqdm import tqdm
 
 from configs import ArgumentParser, UserError, run
@@ -159,9 +159,10 @@ def prepare(
     want = dict(version=VERSION, tokenizer=tokenizer, val_fraction=val_fraction, source=source)
     if hashed:
         want["sha256"] = hashed
-    if not force and (out / "manifest.json").is_file():
-        if want.items() <= json.loads((out / "manifest.json").read_text()).items():
-            return out
+    saved = out / "manifest.json"  # up to date: its settings hold the wanted ones
+    up_to_date = lambda: saved.is_file() and want.items() <= json.loads(saved.read_text()).items()
+    if up_to_date() and not force:
+        return out
     if out.is_file() or out.is_dir() and set(os.listdir(out)) - DATASET_FILES:
         raise UserError(f"{out} is not a dataset's folder; give another name, or another folder")
 
@@ -169,11 +170,11 @@ def prepare(
     # that fails or is killed leaves the dataset as it was
     tmp, old = out.with_name(f".{name}.tmp"), out.with_name(f".{name}.old")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_name(f".{name}.lock"), "w") as lock:
-        try:  # one prepare at a time; the lock dies with its process
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"{name} is being prepared by another process; wait for it") from None
+    # One prepare at a time: another waits for it, then finds the dataset prepared (under torchrun,
+    # the processes of nodes that share a folder). The lock dies with its process.
+    with FileLock(out.with_name(f".{name}.lock")):
+        if up_to_date() and not force:
+            return out
         shutil.rmtree(tmp, ignore_errors=True)  # a killed prepare's
         tmp.mkdir()
         try:

@@ -13,6 +13,9 @@ from typing import Literal
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+LOSS_CHUNK = 2**25  # logits the loss makes at once: 128 MiB in float32
 
 
 @dataclass(frozen=True)
@@ -162,9 +165,9 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, padding_mask=None, kv_cache=None):
-        """idx (B, T) token ids -> (logits (B, T, V), the mean loss on targets (B, T) or None); a
-        target of -1 is left out. padding_mask (B, T), False at padding, gives a left-padded row its
-        logits unpadded. With kv_cache, the tokens follow those of earlier calls."""
+        """idx (B, T) token ids -> (logits (B, T, V), None); with targets (B, T), (None, their mean
+        loss), a target of -1 left out. padding_mask (B, T), False at padding, gives a left-padded
+        row its logits unpadded. With kv_cache, the tokens follow those of earlier calls."""
         T = idx.size(1)
         start = kv_cache.pos if kv_cache is not None else 0
         if start + T > self.config.block_size:
@@ -186,11 +189,21 @@ class GPT(nn.Module):
             x = block(x, rope, padding_mask, kv_cache)
         if kv_cache is not None:
             kv_cache.pos += T
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, C) -> (B, T, V)
+        x = self.transformer.ln_f(x)
         if targets is None:
-            return logits, None
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
-        return logits, loss
+            return self.lm_head(x), None  # (B, T, C) -> (B, T, V)
+        # The loss a chunk of rows at a time, each chunk's logits made again in backward: a step
+        # never holds the (B, T, V) logits, which at GPT-2's vocabulary outweigh a small model.
+        rows = max(1, LOSS_CHUNK // self.config.vocab_size)
+        chunks = zip(x.flatten(0, 1).split(rows), targets.flatten().split(rows))  # (B*T, C), (B*T,)
+        total = sum(checkpoint(self.summed_loss, h, t, use_reentrant=False) for h, t in chunks)
+        return None, total / (targets != -1).sum()
+
+    def summed_loss(self, x, targets):
+        """The cross-entropy of rows x (N, C) against targets (N,), summed; a target of -1 is left
+        out."""
+        logits = self.lm_head(x).float()  # (N, C) -> (N, V), in float32: a stable log-softmax
+        return F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum")
 
 
 class KVCache:

@@ -58,6 +58,15 @@ def temp_files_stay_in_pytests_folder(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def cuda_only_where_marked(request, monkeypatch):
+    """Tests assert what a CPU does: on a GPU machine, CUDA is hidden from all but those marked
+    cuda (`pytest -m cuda`), in this process and in the scripts they start."""
+    if request.node.get_closest_marker("cuda") is None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+@pytest.fixture(autouse=True)
 def one_thread():
     """Tiny models gain nothing from more threads, and on a busy 2-core machine OpenMP's spinning
     threads make them many times slower."""

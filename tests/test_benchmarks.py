@@ -8,6 +8,7 @@ from conftest import ROOT
 
 from benchmarks.__main__ import __doc__ as usage
 from benchmarks.__main__ import main
+from configs import UserError
 
 TINY = [
     "--n-layer",
@@ -36,6 +37,7 @@ SHRUNK = {  # documented command -> the flags added here
     "python -m benchmarks sample --config gpt2 --modes eager,transformers --temperature 0 "
     "--tokens 100": ["--tokens", "1"],
     "python -m benchmarks time-to-loss --config small": ["--max-iters", "2", *TINY],
+    "python -m benchmarks gpu": [],  # here: the one line that says it needs a GPU
 }
 
 
@@ -55,6 +57,10 @@ def test_benchmark(command, tmp_path, data_root, monkeypatch, capsys):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "prepared").symlink_to(data_root)
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    if command.endswith("gpu"):
+        with pytest.raises(UserError, match="needs a CUDA GPU"):
+            main(command.split()[3:])
+        return
     main(command.split()[3:] + SHRUNK[command])
     records = [
         json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")

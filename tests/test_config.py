@@ -434,3 +434,10 @@ def test_an_empty_config_and_a_base_that_is_itself_are_one_line(tmp_path):
     (tmp_path / "me.toml").write_text(f'base = "{tmp_path / "me.toml"}"\n')
     message = refused(["--config", str(tmp_path / "me.toml")])
     assert message == f"{tmp_path / 'me.toml'}: its base is itself, or a base of its base"
+
+
+@pytest.mark.parametrize("name", ["shakespeare_gpu", "gpt2", "finetune_gpt2"])
+def test_a_gpu_preset_holds_its_tokens_a_step_whatever_the_number_of_gpus(name):
+    """Without tokens_per_step, torchrun on 8 GPUs would train on 8 times the preset's batch."""
+    cfg = load_config(name)
+    assert cfg.tokens_per_step >= cfg.batch_size * cfg.block_size

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from model import gpt
 from model.gpt import GPT, CausalSelfAttention, GPTConfig, KVCache, rotate
 from model.textbook import MultiHeadAttention
 
@@ -151,22 +152,25 @@ def test_attention_setting_picks_the_path_that_runs(attention, monkeypatch):
         torch.testing.assert_close(w.sum(-1), torch.ones(3, 2, 16))
 
 
-def test_loss_is_the_cross_entropy_of_the_logits_on_the_targets():
+@pytest.mark.parametrize("chunk", [10**9, 7 * V])  # all rows at once, or 7 rows a chunk
+def test_the_loss_is_the_cross_entropy_of_the_logits_and_its_gradient_too(monkeypatch, chunk):
+    """The loss, a chunk of rows at a time, is the mean cross-entropy of forward's logits; a target
+    of -1 is left out; its gradients are those of the plain loss."""
+    monkeypatch.setattr(gpt, "LOSS_CHUNK", chunk)
     m = make()
-    x, y = ids(seed=1), ids(seed=2)
-    logits, loss = m(x, y)
-    assert loss.ndim == 0
-    torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, V), y.reshape(-1)))
-
-
-def test_a_target_of_minus_1_is_left_out_of_the_loss():
-    m = make()
-    x, y = ids(B=2, T=10, seed=1), ids(B=2, T=10, seed=2)
-    t = y.clone()
+    x, t = ids(B=2, T=10, seed=1), ids(B=2, T=10, seed=2)
     t[0, 5:], t[1, :2] = -1, -1
-    logits, loss = m(x, t)
+    loss = m(x, t)[1]
+    loss.backward()
+    chunked = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    logits = m(x)[0]
     kept = t != -1
-    torch.testing.assert_close(loss, F.cross_entropy(logits[kept], y[kept]))
+    plain = F.cross_entropy(logits[kept], t[kept])
+    plain.backward()
+    torch.testing.assert_close(loss, plain)
+    for a, p in zip(chunked, m.parameters()):
+        torch.testing.assert_close(a, p.grad)
 
 
 @BOTH_POS

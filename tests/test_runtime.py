@@ -9,6 +9,7 @@ whatever this one is; nothing touches a real GPU.
 
 import importlib.util
 import io
+import json
 import os
 import warnings
 from dataclasses import replace
@@ -16,14 +17,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import tiny
+from conftest import ROOT, script, tiny
 
 import configs
 import train
 from configs import UserError, load_config
-from model.gpt import GPTConfig
+from model.checkpoint import load_checkpoint
+from model.gpt import GPT, GPTConfig
 from training import runtime
-from training.runtime import Runtime, check_fits, setup
+from training.runtime import Runtime, check_fits, peak_flops, setup, step_memory
 
 # The real functions, as imported before conftest's CPU_BF16 fixture can stand in for them.
 cpu_has_bf16, idle_cores = configs.cpu_has_bf16, runtime.idle_cores
@@ -34,8 +36,9 @@ def machine(monkeypatch):
     """A fake machine: the test sets what torch and the CPU report; setup() records what it asks."""
     m = SimpleNamespace(
         cuda=False,
-        gpu_bf16=False,
         capability=(8, 0),
+        asked=[],  # the GPUs whose capability was asked
+        cxx=True,
         mps=False,
         triton=True,
         cpu_bf16=False,
@@ -54,8 +57,10 @@ def machine(monkeypatch):
         return m.idle
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: m.cuda)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: m.gpu_bf16)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: m.capability)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda *a: m.asked.append(a) or m.capability
+    )
+    monkeypatch.setattr(runtime.shutil, "which", lambda name: name if m.cxx else None)
     monkeypatch.setattr(torch.cuda, "set_device", m.devices.append)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
     monkeypatch.setattr(torch.mps, "is_available", lambda: m.mps)
@@ -92,28 +97,30 @@ def test_a_gpu_is_the_local_ranks(machine, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "where, gpu_bf16, cpu_bf16, dtype",
+    "where, capability, cpu_bf16, dtype",
     [
-        ("cuda", True, False, torch.bfloat16),
-        ("cuda", False, True, torch.float16),  # an older GPU: float16 and a loss scaler
-        ("cpu", False, True, torch.bfloat16),
-        ("cpu", True, False, torch.float32),
-        ("mps", True, True, torch.float32),
+        ("cuda", (8, 0), False, torch.bfloat16),  # Ampere on: bfloat16 in hardware
+        ("cuda", (7, 5), True, torch.float16),  # a T4 (a V100 is 7.0): float16 and a loss scaler
+        ("cpu", (9, 0), True, torch.bfloat16),
+        ("cpu", (9, 0), False, torch.float32),
+        ("mps", (9, 0), True, torch.float32),
     ],
 )
 def test_auto_dtype_is_bfloat16_where_the_hardware_has_it(
-    machine, where, gpu_bf16, cpu_bf16, dtype
+    machine, monkeypatch, where, capability, cpu_bf16, dtype
 ):
     machine.cuda, machine.mps = where == "cuda", where == "mps"
-    machine.gpu_bf16, machine.cpu_bf16 = gpu_bf16, cpu_bf16
+    machine.capability, machine.cpu_bf16 = capability, cpu_bf16
+    monkeypatch.setenv("LOCAL_RANK", "3")
     assert setup(cfg()).dtype == dtype
+    assert machine.asked[:1] == ([(3,)] if where == "cuda" else [])  # the process's own GPU
 
 
 @pytest.mark.parametrize("where", ["cuda", "cpu", "mps"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_dtype_overrides_what_auto_would_pick(machine, where, dtype):
     machine.cuda, machine.mps = where == "cuda", where == "mps"
-    machine.gpu_bf16 = machine.cpu_bf16 = True
+    machine.cpu_bf16 = True
     assert setup(cfg(device=where, dtype=dtype)).dtype == getattr(torch, dtype)
 
 
@@ -126,7 +133,7 @@ def test_a_device_torch_cannot_use_is_one_line(machine, device):
 
 
 def test_device_cpu_is_taken_on_a_gpu_machine(machine):
-    machine.cuda = machine.gpu_bf16 = True
+    machine.cuda = True
     rt = setup(cfg(device="cpu"))
     assert (rt.device, rt.dtype) == ("cpu", torch.float32) and machine.devices == []
 
@@ -135,6 +142,7 @@ def test_device_cpu_is_taken_on_a_gpu_machine(machine):
     "where, capability, triton, compiles",
     [
         ("cpu", (8, 0), False, True),  # a C++ compiler makes a CPU's kernels
+        ("cpu", None, False, False),  # and none is installed
         ("cuda", (7, 0), True, True),
         ("cuda", (9, 0), True, True),
         ("cuda", (6, 1), True, False),  # older than Volta: Triton does not compile for it
@@ -144,7 +152,7 @@ def test_device_cpu_is_taken_on_a_gpu_machine(machine):
 )
 def test_compile_is_kept_only_where_it_can_compile(machine, where, capability, triton, compiles):
     machine.cuda, machine.mps = where == "cuda", where == "mps"
-    machine.capability, machine.triton = capability, triton
+    machine.capability, machine.triton, machine.cxx = capability, triton, capability is not None
     assert setup(cfg(compile=True)).compile is compiles
     assert setup(cfg(compile=False)).compile is False
 
@@ -320,73 +328,81 @@ def test_idle_cores_without_proc_stat_is_torchs_count(monkeypatch):
     assert idle_cores() == 2
 
 
-# check_fits on a small model: 2 layers of 16, 2 heads, 65 tokens, masks of 64 (the weights'
-# context), windows of 32 (the run's), 4 rows a batch, explicit attention.
-CONFIG = GPTConfig(
-    vocab_size=65, block_size=64, n_layer=2, n_head=2, n_embd=16, attention="explicit"
-)
-NEED_FLOAT32 = (
-    16 * (12 * 2 * 16 * 16 + 65 * 16)  # weights, gradients and AdamW's two moments
-    + 2 * 64 * 64  # a bool mask a layer
-    + 4 * (32 * (16 * 2 * 16 + 2 * 65) * 4 + 2 * 2 * 32 * 32 * (4 + 4))  # what backward keeps
-)
-NEED_BFLOAT16 = (
-    16 * (12 * 2 * 16 * 16 + 65 * 16)
-    + 2 * 64 * 64
-    + 4 * (32 * (16 * 2 * 16 + 2 * 65) * 2 + 2 * 2 * 32 * 32 * (4 + 2))
-)
+MEASURE_A_STEP = """
+import sys, torch
+torch.set_num_threads(1)  # the memory of one thread's allocations: the same on a busy machine
+from model.gpt import GPT, GPTConfig
+from training.runtime import step_memory
+config = GPTConfig(**eval(sys.argv[1]))
+batch, dtype = int(sys.argv[2]), getattr(torch, sys.argv[3])
+x = torch.randint(0, config.vocab_size, (batch, config.block_size))
+
+def status(key):  # kB
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key))
+
+
+
+def step(model, x):  # AdamW makes its moments while the gradients are there
+    with torch.autocast("cpu", dtype, enabled=dtype != torch.float32):
+        model(x, x)[1].backward()
+    torch.optim.AdamW(model.parameters(), fused=True).step()
+
+
+step(GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=16)), x[:1, :8] % 16)  # the kernels
+with open("/proc/self/clear_refs", "w") as f:  # the peak from here on: VmHWM = VmRSS
+    f.write("5")
+before = status("VmRSS:")
+step(GPT(config), x)
+peak = (status("VmHWM:") - before) * 1024
+print(peak, step_memory(config, batch, dtype))
+"""
 
 
 @pytest.mark.parametrize(
-    "dtype, need", [(torch.float32, NEED_FLOAT32), (torch.bfloat16, NEED_BFLOAT16)]
+    "shape, batch, dtype",
+    [
+        (dict(n_layer=1, n_head=1, n_embd=64), 8, "float32"),  # GPT-2's vocabulary, 8 x 1024
+        (dict(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=50304), 16, "bfloat16"),
+    ],
 )
-def test_the_estimate_of_check_fits_is_exact(monkeypatch, dtype, need):
-    assert (NEED_FLOAT32, NEED_BFLOAT16) == (582912, 385792)
-    run, rt = cfg(block_size=32, batch_size=4), Runtime("cuda:0", dtype)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need, 10 * need))
-    check_fits(CONFIG, run, rt)  # just enough
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need - 1, 10 * need))
-    with pytest.raises(UserError) as e:
-        check_fits(CONFIG, run, rt)
-    assert str(e.value) == (
-        "this run needs at least 0.0 GiB, and 0.0 GiB of cuda:0 memory is free; "
-        "use a smaller --batch-size, --block-size or model"
+def test_a_step_holds_at_most_twice_its_logits_and_step_memory_is_within_a_quarter(
+    tmp_path, shape, batch, dtype
+):
+    """Measured in a process of its own: the memory a step adds (its peak resident set), against the
+    estimate check_fits refuses a run by; the loss never holds the whole logits."""
+    proc = script(
+        "-c", MEASURE_A_STEP, repr(shape), batch, dtype, env={**os.environ, "PYTHONPATH": str(ROOT)}
     )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    peak, estimate = map(int, proc.stdout.split())
+    if "vocab_size" not in shape:  # GPT-2's: the logits outweigh the model
+        assert peak <= 2 * batch * 1024 * 50257 * 4
+    assert 0.75 * peak <= estimate <= 1.25 * peak, (peak, estimate)
 
 
-def test_check_fits_with_sdpa_keeps_no_attention_scores(monkeypatch):
-    sdpa = replace(CONFIG, attention="sdpa")
-    need = NEED_FLOAT32 - 4 * 2 * 2 * 32 * 32 * (4 + 4)
-    run = cfg(block_size=32, batch_size=4)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need, 0))
-    check_fits(sdpa, run, Runtime("cuda:0", torch.float32))
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need - 1, 0))
-    with pytest.raises(UserError):
-        check_fits(sdpa, run, Runtime("cuda:0", torch.float32))
+CONFIG = GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=2, n_embd=16)
 
 
 def test_check_fits_on_a_cpu_reads_memavailable(monkeypatch):
-    run = cfg(block_size=32, batch_size=4)
     rt = Runtime("cpu", torch.float32)
     meminfo = "MemTotal:  {} kB\nMemFree:  1 kB\nMemAvailable:  {} kB\n"
-    kb = -(-NEED_FLOAT32 // 1024)  # the fewest kB that hold it
+    kb = -(-step_memory(CONFIG, 4, rt.dtype) // 1024)  # the fewest kB that hold it
     fake_files(monkeypatch, {"/proc/meminfo": meminfo.format(kb, kb)})
-    check_fits(CONFIG, run, rt)
+    check_fits(CONFIG, 4, rt)
     fake_files(monkeypatch, {"/proc/meminfo": meminfo.format(10**9, kb - 1)})
     with pytest.raises(UserError, match=r"needs at least 0\.0 GiB, and 0\.0 GiB of cpu memory"):
-        check_fits(CONFIG, run, rt)
-    big = replace(run, block_size=64, batch_size=10**6)
+        check_fits(CONFIG, 4, rt)
     fake_files(monkeypatch, {})  # no /proc/meminfo: nothing to check against
-    check_fits(CONFIG, big, rt)
+    check_fits(CONFIG, 10**6, rt)
     fake_files(monkeypatch, {"/proc/meminfo": "MemTotal:  5 kB\n"})  # no MemAvailable line
-    check_fits(CONFIG, big, rt)
+    check_fits(CONFIG, 10**6, rt)
 
 
 def test_check_fits_names_the_gibibytes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * 2**30, 0))
     huge = replace(CONFIG, vocab_size=2**20, n_embd=2**10, n_head=2)  # 16 GiB of embedding alone
     with pytest.raises(UserError, match=r"needs at least 16\.\d GiB, and 3\.0 GiB of cuda:0"):
-        check_fits(huge, cfg(block_size=32, batch_size=1), Runtime("cuda:0", torch.float32))
+        check_fits(huge, 1, Runtime("cuda:0", torch.float32))
 
 
 def test_the_first_line_names_the_device_dtype_threads_and_compile(tmp_path, data_root, capsys):
@@ -402,3 +418,54 @@ def test_the_first_line_names_the_dtype_auto_picked(tmp_path, data_root, capsys,
     result = train.train(tiny(tmp_path, data_root, max_iters=1))
     assert capsys.readouterr().out.splitlines()[0] == "cpu, 2 threads, bfloat16, compile off"
     assert result["step"] == 1
+
+
+def test_the_first_line_names_deterministic_and_a_compile_that_cannot_be(
+    tmp_path, data_root, capsys, monkeypatch
+):
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    train.train(
+        tiny(
+            tmp_path,
+            data_root,
+            max_iters=1,
+            threads=1,
+            dtype="float32",
+            compile=True,
+            deterministic=True,
+        )
+    )
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "cpu, 1 thread, float32, compile off (this machine cannot compile: docs/devices.md), "
+        "deterministic"
+    )
+
+
+@pytest.mark.parametrize(
+    "name, flops",
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA A100-SXM4-40GB", 312e12),
+        ("NVIDIA A10G", 70e12),
+        ("Tesla T4", 65e12),
+        ("NVIDIA GeForce GTX 1080", 0.0),  # not in the table: no MFU
+    ],
+)
+def test_peak_flops_reads_the_gpus_name(monkeypatch, name, flops):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: name)
+    assert peak_flops("cuda:0") == flops and peak_flops("cpu") == 0.0
+
+
+def test_metrics_carry_mfu_where_the_peak_is_known(tmp_path, data_root, monkeypatch):
+    monkeypatch.setattr(train, "peak_flops", lambda device: 1e9)
+    train.train(tiny(tmp_path, data_root, max_iters=2))
+    model = GPT(GPTConfig(**load_checkpoint(tmp_path / "run")["model_config"]))
+    token_flops = 6 * model.num_params() + 12 * 2 * 16 * 32  # as nanoGPT counts them
+    lines = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [r for r in lines if "loss" in r]
+    assert len(steps) == 2
+    for r in steps:
+        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * token_flops / 1e9, rel=1e-3, abs=1e-4)

@@ -8,6 +8,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -155,7 +156,26 @@ def test_the_logged_loss_is_the_mean_of_the_accumulated_micro_batches_losses(
 
 TRAIN_THEN_LIST_THREADS = """\
 import os, sys
+import torch
 import train
+
+
+class Recorded(torch.nn.parallel.DistributedDataParallel):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        print(f"buffers broadcast: {self.will_sync_module_buffers()}", flush=True)
+
+
+torch.nn.parallel.DistributedDataParallel = Recorded
+if os.environ["RANK"] == os.environ.get("PERTURB_RANK"):  # its weights leave the others'
+    evaluate = train.evaluate
+
+    def perturbed(model, *args, **kwargs):
+        with torch.no_grad():
+            next(model.parameters()).add_(1e-3)
+        return evaluate(model, *args, **kwargs)
+
+    train.evaluate = perturbed
 code = train.main()
 names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
 os.write(1, f"threads left: {names}\\n".encode())  # one write: the processes share stdout
@@ -163,23 +183,58 @@ sys.exit(code)
 """
 
 
+def torchrun(tmp_path, *args, nodes=1, **env) -> list[subprocess.Popen]:
+    """TRAIN_THEN_LIST_THREADS under torchrun (gloo): two processes on one node, or one on each of
+    two "nodes" (two torchrun commands on this machine), each with its own data root."""
+    (tmp_path / "train_then_list_threads.py").write_text(TRAIN_THEN_LIST_THREADS)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(3 - nodes)]
+    launch += ["--nnodes", str(nodes), "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return [
+        subprocess.Popen(
+            [
+                *launch,
+                "--node-rank",
+                str(node),
+                tmp_path / "train_then_list_threads.py",
+                *map(str, args),
+            ]
+            + ["--data-root", tmp_path / f"data{node}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in range(nodes)
+    ]
+
+
+@pytest.mark.parametrize("optimizer, nodes", [("adamw", 1), ("muon", 2)])
 def test_the_same_result_whatever_the_split_between_processes_and_accumulation(
-    tmp_path, data_root, monkeypatch
+    tmp_path, data_root, monkeypatch, optimizer, nodes
 ):
     """8 rows of 32 tokens a step: 2 processes x 2 micro-batches of 2 rows (gloo; only the last
-    micro-batch all-reduces), or 1 process x 4 micro-batches: the same rows, the same update."""
-    same = ["--dtype", "float32", "--threads", "1", "--batch-size", "2"]
+    micro-batch all-reduces; on one node, or on two that each prepare their data), or 1 process
+    x 4 micro-batches: the same rows, the same update. DDP broadcasts no buffer (the masks)."""
+    same = ["--dtype", "float32", "--threads", "1", "--batch-size", "2", "--optimizer", optimizer]
     same += ["--tokens-per-step", "256", "--max-iters", "4", "--eval-interval", "2"]
-    (tmp_path / "train_then_list_threads.py").write_text(TRAIN_THEN_LIST_THREADS)
-    cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    cmd += [tmp_path / "train_then_list_threads.py"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    ddp = script(*cmd, *tiny_args(tmp_path / "ddp", data_root, *same), env=env)
-    assert ddp.returncode == 0, ddp.stderr[-3000:]
-    assert "2 x 2 processes x 2 rows" in ddp.stdout
+    procs = torchrun(tmp_path, *tiny_args(tmp_path / "ddp", data_root, *same), nodes=nodes)
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-3000:] for _, err in outputs]
+    out = "".join(out for out, _ in outputs)
+    assert "2 x 2 processes x 2 rows" in out
+    assert out.count("buffers broadcast: False") == 2
+    # each node prepared the data it reads; only the first process writes the run
+    assert all(
+        (tmp_path / f"data{n}" / "shakespeare_char" / "train.bin").is_file() for n in range(nodes)
+    )
     # gloo's threads left running into interpreter exit can abort a finished job (SIGABRT)
-    left = re.findall(r"threads left: (\[.*?\])", ddp.stdout)
-    assert len(left) == 2 and not any("gloo" in names for names in left), ddp.stdout[-3000:]
+    left = re.findall(r"threads left: (\[.*?\])", out)
+    assert len(left) == 2 and not any("gloo" in names for names in left), out[-3000:]
     start = initial_weights(monkeypatch)
     one = parse_args(tiny_args(tmp_path / "one", data_root, *same))
     assert train.train(one)["step"] == 4
@@ -196,6 +251,23 @@ def test_the_same_result_whatever_the_split_between_processes_and_accumulation(
     va, vb = val_losses(tmp_path / "ddp" / "run"), val_losses(tmp_path / "one" / "run")
     assert va.keys() == vb.keys() == {2, 4}
     assert all(va[s] == pytest.approx(vb[s], abs=1e-6) for s in va)
+
+
+def test_a_run_resumes_in_float16_with_muon_and_a_loss_scaler(tmp_path, data_root):
+    """float16 trains with a GradScaler, which a float32 run's checkpoint holds nothing of."""
+    train.train(tiny(tmp_path, data_root, optimizer="muon", dtype="float32", max_iters=4))
+    args = tiny_args(tmp_path, data_root, "--resume", "--dtype", "float16", "--max-iters", 8)
+    resumed = train.train(parse_args(args))
+    assert resumed["step"] == 8 and math.isfinite(resumed["val_loss"])
+    assert load_checkpoint(tmp_path / "run")["scaler"]["scale"] > 0
+
+
+def test_a_process_whose_weights_left_the_others_is_named_at_each_eval(tmp_path, data_root):
+    args = tiny_args(tmp_path, data_root, "--max-iters", 2, "--eval-interval", 1)
+    [proc] = torchrun(tmp_path, *args, "--tokens-per-step", 256, PERTURB_RANK="1")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert err.count("warning: process 1's weights differ from process 0's") == 2, err[-3000:]
 
 
 def start(tmp_path, data_root, *extra, **kwargs) -> subprocess.Popen:
@@ -759,14 +831,24 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(tmp_path, data_root, mo
     cfg = tiny(tmp_path, data_root, max_iters=2)
     if resume:
         train.train(cfg)
-        real_open = open
+        real_open, real_os_open = open, os.open
+
+        def refused(path):
+            if str(path).startswith(str(tmp_path / "run")):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
         def read_only(path, mode="r", *args, **kwargs):
-            if "w" in mode and str(path).startswith(str(tmp_path / "run")):
-                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            if "w" in mode:
+                refused(path)
             return real_open(path, mode, *args, **kwargs)
 
+        def os_read_only(path, flags, *args, **kwargs):  # how the lock opens its file
+            if flags & (os.O_WRONLY | os.O_RDWR):
+                refused(path)
+            return real_os_open(path, flags, *args, **kwargs)
+
         monkeypatch.setattr("builtins.open", read_only)
+        monkeypatch.setattr(os, "open", os_read_only)
         fix = "make it writable to resume it"
     else:
         (tmp_path / "file").write_text("")

@@ -3,12 +3,15 @@
 import datetime
 import importlib.util
 import os
+import shutil
+import sys
 import time
 from dataclasses import dataclass
 
 import torch
 
 from configs import UserError, device_and_dtype
+from model.gpt import LOSS_CHUNK
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,10 @@ def setup(cfg) -> Runtime:
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     device, dtype = device_and_dtype(cfg.device, cfg.dtype)
     gpu = device == "cuda"
-    compiles = device == "cpu"  # a C++ compiler makes a CPU's kernels; Triton a GPU's (Volta on)
+    # torch.compile makes a CPU's kernels with a C++ compiler, which many Windows and macOS machines
+    # lack, and a GPU's with Triton (Volta on): without them it runs uncompiled.
+    cxx = "cl" if os.name == "nt" else "clang++" if sys.platform == "darwin" else "g++"
+    compiles = device == "cpu" and shutil.which(os.environ.get("CXX", cxx)) is not None
     if gpu:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
@@ -74,7 +80,7 @@ def setup(cfg) -> Runtime:
     if cfg.deterministic:  # cuBLAS needs a fixed workspace before its first matmul to repeat itself
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-    if world_size > 1:
+    if world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's, even alone
         # Imported before the group exists: its functions' defaults, bound to the group later, would
         # keep it alive into the interpreter's exit, where gloo's threads can abort a finished job.
         import torch.distributed.nn as _  # noqa: F401
@@ -89,15 +95,36 @@ def setup(cfg) -> Runtime:
     return Runtime(device, dtype, cfg.compile and compiles, rank, local_rank, world_size)
 
 
-def check_fits(config, cfg, rt) -> None:
-    """Refuse a run that cannot fit in free memory, before its model exists: at least 16 bytes a
-    parameter (weights, gradients, AdamW's two moments), the causal masks, and what backward
-    keeps."""
-    C, L, T, V = config.n_embd, config.n_layer, cfg.block_size, config.vocab_size
-    activation = 4 if rt.dtype == torch.float32 else 2
-    scores = config.n_head * T * T * (4 + activation) if config.attention == "explicit" else 0
-    per_row = T * (16 * L * C + 2 * V) * activation + L * scores
-    need = 16 * (12 * L * C * C + V * C) + L * config.block_size**2 + cfg.batch_size * per_row
+# Dense bfloat16 tensor-core FLOP/s (float16 before Ampere) of common GPUs, by a part of their
+# name, longer names first: model FLOPs utilization's denominator.
+PEAK_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "B200": 2250e12}
+PEAK_FLOPS |= {"A100": 312e12, "A10G": 70e12, "A10": 125e12, "L40S": 362e12, "L4": 121e12}
+PEAK_FLOPS |= {"4090": 165e12, "3090": 71e12, "T4": 65e12, "V100": 125e12}
+
+
+def peak_flops(device: str) -> float:
+    """The GPU's peak from PEAK_FLOPS; 0 for a CPU, or a GPU not in it."""
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else ""
+    return next((flops for part, flops in PEAK_FLOPS.items() if part in name), 0.0)
+
+
+def step_memory(config, batch_size: int, dtype: torch.dtype) -> int:
+    """About the most bytes a training step of config holds (measured on CPUs within 25%,
+    docs/devices.md): 16 a parameter (weights, gradients, AdamW's two moments), the causal masks,
+    what backward keeps of each token (of each attention score, spelled out), and one chunk of the
+    loss's logits."""
+    C, L, T, V = config.n_embd, config.n_layer, config.block_size, config.vocab_size
+    per_token = L * C * (72 if dtype == torch.float32 else 40)
+    scores = L * config.n_head * T * 10 if config.attention == "explicit" else 0
+    logits = 12 * V * min(batch_size * T, max(1, LOSS_CHUNK // V))
+    return (
+        16 * (12 * L * C * C + V * C) + L * T * T + batch_size * T * (per_token + scores) + logits
+    )
+
+
+def check_fits(config, batch_size: int, rt) -> None:
+    """Refuse a run that cannot fit in free memory, before its model exists."""
+    need = step_memory(config, batch_size, rt.dtype)
     if rt.device.startswith("cuda"):
         free = torch.cuda.mem_get_info()[0]
     else:
