@@ -100,12 +100,7 @@ def main(argv=None) -> None:
     else:
         checkpoint = load_checkpoint(args.out_dir)
         model, manifest = model_from(checkpoint), checkpoint["manifest"]
-    tok = tokenizer(manifest)
-    if tok.vocab_size > model.config.vocab_size:
-        raise UserError(
-            f"the model's vocabulary ({model.config.vocab_size}) is smaller than its "
-            f"tokenizer's ({tok.vocab_size})"
-        )
+    tok = tokenizer(manifest, model.config.vocab_size)
     device, dtype = device_and_dtype(args.device, args.dtype)
     if device == "cpu" and model.config.n_embd <= 256:
         # A small model's time goes to its many tiny ops, which more threads and bfloat16's

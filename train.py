@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from filelock import FileLock, Timeout
@@ -41,7 +41,7 @@ from model.checkpoint import (
     model_from,
     save_checkpoint,
 )
-from model.gpt import GPT, GPTConfig, generate
+from model.gpt import GPT, generate
 from training.optim import lr_factor, make_optimizers
 from training.runtime import check_fits, peak_flops, setup
 
@@ -60,10 +60,12 @@ class TrainState:
 
 
 @torch.no_grad()
-def evaluate(model, data_dir, cfg: TrainConfig, rt, stopped=lambda: False) -> dict | None:
-    """The mean loss per token on the first eval_iters batches of val and of train (0: all of val,
-    and as many of train). Each process takes its share of the batches. None when stopped() became
-    true in any process: a stop signal ends an eval at once."""
+def evaluate(
+    model, data_dir, cfg: TrainConfig, rt, limit: int, stopped=lambda: False
+) -> dict | None:
+    """The mean loss per token on the first `limit` batches of val and of train. Each process takes
+    its share of the batches. None when stopped() became true in any process: a stop signal ends an
+    eval at once."""
     if rt.world_size > 1:  # each process steps its own copy of the weights: they must stay equal
         sums = torch.stack([p.detach().float().sum() for p in model.parameters()])
         first = sums.clone()
@@ -72,8 +74,6 @@ def evaluate(model, data_dir, cfg: TrainConfig, rt, stopped=lambda: False) -> di
             print(f"warning: process {rt.rank}'s weights differ from process 0's", file=sys.stderr)
     model.eval()
     batch_size = cfg.eval_batch_size or cfg.batch_size
-    windows = len(read_tokens(data_dir / "val.bin")) // cfg.block_size
-    limit = cfg.eval_iters or math.ceil(windows / batch_size)
     losses = {}
     for split in "val", "train":
         # the loss summed over the tokens, the tokens, and whether a stop signal cut the eval short
@@ -158,7 +158,6 @@ def train(cfg: TrainConfig) -> dict:
         if ddp and rt.local_rank == 0:
             torch.distributed.barrier()
         manifest = json.loads((data_dir / "manifest.json").read_text())
-        tok = tokenizer(manifest)
 
         # model: fresh, from --init-from's weights, or the checkpoint's on --resume, which took its
         # settings from the run's config.json
@@ -181,28 +180,27 @@ def train(cfg: TrainConfig) -> dict:
                     f"{cfg.dataset}'s: its token ids would mean other text"
                 )
         else:
-            shape = {f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}
-            config = GPTConfig(**shape | {"vocab_size": cfg.vocab_size or tok.vocab_size})
+            config = cfg.model_config(manifest["vocab_size"])
             # before the model: its masks alone take block_size^2 bytes a layer
             check_fits(config, cfg.batch_size, rt)
             model = GPT(config)
-        if model.config.vocab_size < tok.vocab_size:
-            raise UserError(
-                f"the model's vocabulary ({model.config.vocab_size}) is smaller than "
-                f"its tokenizer's ({tok.vocab_size}); raise --vocab-size"
-            )
+        tok = tokenizer(manifest, model.config.vocab_size)
         if cfg.block_size > model.config.block_size:
             raise UserError(
                 f"--block-size {cfg.block_size} is longer than the model's context "
                 f"({model.config.block_size}); lower it"
             )
-        # The weights bring their shape; the run keeps its block_size (at most theirs) and dropout.
-        shape = replace(model.config, block_size=cfg.block_size, dropout=cfg.dropout)
-        cfg = replace(cfg, **asdict(shape))
+        model.crop(cfg.block_size)  # one block_size from here on, which the checkpoint holds
+        cfg = replace(cfg, **asdict(model.config))  # the weights bring their shape
         model.to(rt.device)
+        eval_rows = cfg.eval_batch_size or cfg.batch_size  # the batches of all of val
+        whole_val = math.ceil(len(read_tokens(data_dir / "val.bin")) // cfg.block_size / eval_rows)
         score_hellaswag, hellaswag_every = None, cfg.hellaswag_interval or cfg.eval_interval
+        hellaswag_rows = 0  # what a --max-time run keeps time for
         if cfg.hellaswag:
             from training import hellaswag
+
+            hellaswag_rows = 4 * len(hellaswag.load_items(cfg.hellaswag, tok))
 
             def score_hellaswag(stopped):  # the file is read afresh each time
                 items = hellaswag.load_items(cfg.hellaswag, tok)
@@ -210,7 +208,7 @@ def train(cfg: TrainConfig) -> dict:
                 return hellaswag.score(model, items, rt, batch_size, tok.vocab_size, stopped)
 
         if cfg.eval_only:
-            losses = evaluate(model, data_dir, replace(cfg, eval_iters=0), rt)  # Ctrl-C: 130
+            losses = evaluate(model, data_dir, cfg, rt, whole_val)  # Ctrl-C: 130
             losses |= score_hellaswag(lambda: False) if score_hellaswag else {}
             if master:
                 scored = cfg.init_from or checkpoint_file(run_dir)
@@ -254,23 +252,19 @@ def train(cfg: TrainConfig) -> dict:
                 metrics.write_text("".join(line + "\n" for line in kept))
             del checkpoint
 
-        # the training step's model: compiled, and under DDP wrapped; checkpoints hold the model
-        train_model = torch.compile(model) if rt.compile else model
+        # the training step's model: compiled, and under DDP wrapped (checkpoints hold the model),
+        # in a list that the run's end empties: a DDP module still alive then would keep its
+        # process group, and gloo's threads, into interpreter exit, which they can hang or abort
+        step_model = [torch.compile(model) if rt.compile else model]
         if ddp:
             # No buffer is broadcast before each forward: the masks and rotary angles follow from
             # the config, the same in every process.
             ids = [rt.local_rank] if rt.device.startswith("cuda") else None
-            train_model = torch.nn.parallel.DistributedDataParallel(
-                train_model, device_ids=ids, broadcast_buffers=False
+            step_model[0] = torch.nn.parallel.DistributedDataParallel(
+                step_model[0], device_ids=ids, broadcast_buffers=False
             )
+            stack.callback(step_model.clear)
 
-            # Gone before the process group that it holds: a group kept alive into interpreter exit
-            # keeps gloo's threads, which can abort a finished job there.
-            def release() -> None:
-                nonlocal train_model
-                train_model = None
-
-            stack.callback(release)
         micro_step = cfg.batch_size * cfg.block_size * rt.world_size  # tokens
         # Model FLOPs utilization: a token's FLOPs as nanoGPT counts them (6 a parameter, and
         # attention's), over the GPUs' peak; none on a CPU.
@@ -282,6 +276,7 @@ def train(cfg: TrainConfig) -> dict:
                 f"batch_size x block_size x processes ({micro_step})"
             )
         grad_accum = max(1, cfg.tokens_per_step // micro_step)
+        tokens_a_step = grad_accum * micro_step
         batches = Batches(
             data_dir / "train.bin",
             cfg.block_size,
@@ -308,7 +303,7 @@ def train(cfg: TrainConfig) -> dict:
                 (run_dir / "config.json").write_text(json.dumps(settings(cfg), indent=1))
             resuming = f"; resuming at step {state.step}" if cfg.resume else ""
             print(
-                f"{model.num_params() / 1e6:.2f}M parameters; {grad_accum * micro_step:,} tokens a "
+                f"{model.num_params() / 1e6:.2f}M parameters; {tokens_a_step:,} tokens a "
                 f"step = {grad_accum} x {rt.world_size} processes x {cfg.batch_size} rows x "
                 f"{cfg.block_size}; {cfg.dataset}: {manifest['train_tokens']:,} train tokens"
                 + resuming
@@ -326,8 +321,8 @@ def train(cfg: TrainConfig) -> dict:
                 "try a lower --lr, or --dtype float32"
             )
 
-        def save() -> None:
-            nonlocal saved
+        def save() -> int:
+            """ckpt.pt, and the config.json it continues with for --resume; returns the step."""
             if not all(p.isfinite().all() for p in model.parameters()):
                 raise diverged("the weights became nan or inf")
             state.seconds = seconds_before + time.time() - loop_started
@@ -343,21 +338,17 @@ def train(cfg: TrainConfig) -> dict:
                 },
                 run_dir / "ckpt.pt",
             )
-            # config.json says what this ckpt.pt continues with, for --resume
             (run_dir / ".config.json.tmp").write_text(json.dumps(settings(cfg), indent=1))
             os.replace(run_dir / ".config.json.tmp", run_dir / "config.json")
-            saved = state.step
+            return state.step
 
-        # stop signals: the step in progress finishes and is saved; a second Ctrl-C quits at once
-        stop_signal = 0
+        # stop signals: each is a request that the loop reads at the top of its next step (an eval
+        # in progress ends at once); a second Ctrl-C quits at once
+        requests = []
 
         def request_stop(signum, frame):
-            nonlocal stop_signal
-            stop_signal = signum
+            requests.append(signum)
             signal.signal(signal.SIGINT, signal.default_int_handler)
-
-        def stopped() -> bool:  # read by the evals, which a signal ends at once
-            return stop_signal > 0
 
         for sig in signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", signal.SIGTERM):
             # A job that a script started with `cmd &` ignores Ctrl-C, and keeps to it.
@@ -365,44 +356,67 @@ def train(cfg: TrainConfig) -> dict:
                 stack.callback(signal.signal, sig, signal.signal(sig, request_stop))
 
         # the loop: a step's rows and dropout are drawn from (seed, step), so that a resumed run
-        # repeats them exactly
+        # repeats them exactly; a resumed --max-time run goes on with the time its checkpoint had
         bar = stack.enter_context(tqdm(total=cfg.max_iters, initial=state.step, disable=not master))
-        # A resumed --max-time run goes on with the time its checkpoint had left.
         seconds_before = state.seconds if cfg.max_time else 0.0
         deadline = started + cfg.max_time - seconds_before if cfg.max_time else math.inf
-        saved, stop, losses = state.step if cfg.resume else 0, deadline < time.time(), {}
-        hellaswag_seconds = 0.0
-        final_eval = 1.0  # the time the final eval and save will take: a second, until one is timed
-        loss_sum, logged_step = torch.zeros((), device=rt.device), state.step
+        saved, first_step, losses = state.step if cfg.resume else 0, state.step, {}
+        loss_sum, logged_step, evaluating = torch.zeros((), device=rt.device), state.step, 0.0
         loop_started = logged_time = time.time()
         while True:
-            last = state.step >= cfg.max_iters or stop
-            # evaluate every eval_interval steps and at the end, having saved the steps before it:
-            # an eval that fails or is killed loses none. Step 0's loss is about log(vocab_size):
-            # only a --max-time run evaluates it, to time the eval it leaves room for at the end.
-            due = state.step % cfg.eval_interval == 0 and (state.step or cfg.max_time) or last
-            if due and state.evaluated != state.step and not stop_signal:
+            # One decision: the last step comes from max_iters, a stop signal, or the clock, when
+            # the next step would leave too little time for the end: the final eval, sized to a
+            # twentieth of a --max-time budget (an eval reads about twice the rows a second that a
+            # step trains), and a second for the save, the plot and the sample. Under torchrun the
+            # processes agree on it, and on the eval's size, in one collective.
+            step_seconds = (time.time() - loop_started - evaluating) / max(
+                1, state.step - first_step
+            )
+            eval_batches, eval_seconds = cfg.eval_iters or whole_val, 0.0
+            if cfg.max_time and state.step > first_step:
+                row_seconds = step_seconds * cfg.block_size / (2 * tokens_a_step)
+                fits = int(cfg.max_time / 20 / 2 / eval_rows / row_seconds)  # of val and of train
+                eval_batches = max(1, min(eval_batches, fits))
+                eval_seconds = (2 * eval_batches * eval_rows + hellaswag_rows) * row_seconds
+            late = time.time() + step_seconds + eval_seconds + 1.0 > deadline
+            decision = [float(len(requests)), float(late), float(eval_batches)]
+            if ddp:
+                agreed = torch.tensor(decision, device=rt.device)
+                torch.distributed.all_reduce(agreed)
+                decision = agreed.tolist()
+            signalled, late = decision[0] > 0, decision[1] > 0
+            eval_batches = int(decision[2]) // rt.world_size
+            if late and not signalled and state.step == first_step < cfg.max_iters:
+                left = deadline - time.time()
+                raise UserError(
+                    f"--max-time {cfg.max_time:g} leaves no time for a step: {left:.1f} s of it "
+                    "are left after start-up; give more"
+                )
+            last_step = state.step >= cfg.max_iters or signalled or late
+
+            # evaluate every eval_interval steps and at the end (not after a signal), having saved
+            # the steps before it: an eval that fails or is killed loses none
+            due = state.step % cfg.eval_interval == 0 or last_step
+            if due and state.step > 0 and not signalled and state.evaluated != state.step:
                 t0 = time.time()
                 if master and state.step > saved:
-                    save()
-                losses = evaluate(model, data_dir, cfg, rt, stopped)
-                eval_seconds = time.time() - t0
-                if losses and score_hellaswag and (state.step % hellaswag_every == 0 or last):
-                    scores = score_hellaswag(stopped)
-                    hellaswag_seconds = time.time() - t0 - eval_seconds
+                    saved = save()
+                losses = evaluate(model, data_dir, cfg, rt, eval_batches, lambda: bool(requests))
+                if losses and score_hellaswag and (state.step % hellaswag_every == 0 or last_step):
+                    scores = score_hellaswag(lambda: bool(requests))
                     losses = losses | scores if scores else None
-                final_eval = 1.2 * (eval_seconds + hellaswag_seconds) + 1
-                if losses is None:  # a stop signal here or in another process: stop at once
-                    stop_signal, stop, last, losses = stop_signal or signal.SIGTERM, True, True, {}
+                if losses is None:  # a signal, here or in another process, ended the eval
+                    signalled = last_step = True
+                    losses = {}
                 elif not math.isfinite(losses["val_loss"]):
                     raise diverged(f"the val loss became {losses['val_loss']}")
                 else:
                     improved, state.evaluated = losses["val_loss"] < state.best_val, state.step
                     state.best_val = min(state.best_val, losses["val_loss"])
                     if master:
-                        if last and state.step > 0:  # the final checkpoint holds its eval
-                            save()
-                        if improved and state.step > 0:
+                        if last_step:  # the final checkpoint holds its eval
+                            saved = save()
+                        if improved:
                             keep_best(run_dir)
                         log({"step": state.step, **losses, "time": round(time.time() - started, 2)})
                         from training.plot import plot_losses
@@ -410,39 +424,33 @@ def train(cfg: TrainConfig) -> dict:
                         plot_losses(run_dir)
                         scores = ", ".join(f"{k} {v:.4f}" for k, v in losses.items())
                         tqdm.write(f"step {state.step}: {scores}" + " (best)" * improved)
+                evaluating += time.time() - t0
                 logged_time += time.time() - t0  # the steps' speed, as logged, leaves evals out
-            # No step after a signal, nor when no time is left for one and the final eval: back to
-            # the top, for that eval (none after a signal) and the save. Under DDP the processes
-            # agree on both at the next log instead.
-            if not stop and not ddp and (stop_signal or time.time() + final_eval > deadline):
-                stop = True
-                continue
-            if last:
-                if master and saved != state.step and state.step > 0:
-                    save()
+            if last_step:
+                if master and state.step > saved:
+                    saved = save()
                 break
 
-            # the learning rate: warmup, then the schedule, by the steps or under --max-time by the
-            # clock, leaving time for the final eval and save
+            # the learning rate: each optimizer's peak (its defaults' lr) x one factor, by the steps
+            # or under --max-time by the clock, ending where the end's share of the budget starts
             progress = (state.step - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters)
             if cfg.max_time:
-                end = deadline - final_eval
                 spent = seconds_before + time.time() - loop_started
-                by_clock = spent / max(1e-3, seconds_before + end - loop_started)
-                progress = max(progress, by_clock)
+                end = seconds_before + deadline - eval_seconds - 1.0 - loop_started
+                progress = max(progress, spent / max(1e-3, end))
             lr = lr_factor(state.step, cfg, progress)
-            for optimizer, peak in zip(optimizers, (cfg.lr, cfg.muon_lr), strict=False):
+            for optimizer in optimizers:
                 for group in optimizer.param_groups:
-                    group["lr"] = peak * lr
+                    group["lr"] = optimizer.defaults["lr"] * lr
 
             # forward and backward over the step's micro-batches; under DDP, only the last one
             # all-reduces the gradients
             torch.manual_seed(hash((cfg.seed, state.step, rt.rank)))  # dropout's (ints hash alike)
             for i, (x, y) in enumerate(batches(state.step)):
                 last_micro_step = not ddp or i == grad_accum - 1
-                with contextlib.nullcontext() if last_micro_step else train_model.no_sync():
+                with contextlib.nullcontext() if last_micro_step else step_model[0].no_sync():
                     with rt.autocast():
-                        _, loss = train_model(x, y)
+                        _, loss = step_model[0](x, y)
                     scaler.scale(loss / grad_accum).backward()
                 loss_sum += loss.detach().float() / grad_accum
 
@@ -458,21 +466,15 @@ def train(cfg: TrainConfig) -> dict:
             state.step += 1
             bar.update()
 
-            # log every log_interval steps: the one host sync, where the processes agree to stop
+            # log every log_interval steps: the loss's host sync
             if state.step % cfg.log_interval == 0 or state.step == cfg.max_iters:
                 now, steps = time.time(), state.step - logged_step
-                late = now + (now - logged_time) / steps * cfg.log_interval + final_eval
-                flags = [float(stop_signal > 0), float(late > deadline)]
-                agreed = torch.stack([loss_sum / steps, *map(loss_sum.new_tensor, flags)])
                 if ddp:
-                    torch.distributed.all_reduce(agreed)
-                loss_value, signalled, late = agreed.tolist()
-                loss_value /= rt.world_size
+                    torch.distributed.all_reduce(loss_sum)
+                loss_value = loss_sum.item() / steps / rt.world_size
                 if not math.isfinite(loss_value):
                     raise diverged(f"the loss became {loss_value}")
-                stop = signalled > 0 or late > 0
-                stop_signal = stop_signal or signal.SIGTERM * (signalled > 0)  # another's signal
-                tokens_per_s = steps * grad_accum * micro_step / (now - logged_time)
+                tokens_per_s = steps * tokens_a_step / (now - logged_time)
                 if master:
                     speed = {"tokens_per_s": round(tokens_per_s), "time": round(now - started, 2)}
                     if gpu_flops:
@@ -483,6 +485,7 @@ def train(cfg: TrainConfig) -> dict:
                     bar.set_postfix_str(shown, refresh=False)
                 loss_sum, logged_step, logged_time = torch.zeros_like(loss_sum), state.step, now
         bar.close()
+        stop_signal = (requests or [signal.SIGTERM])[0] if signalled else 0  # another's: SIGTERM
 
         # the end: where the outputs are, and a sample
         if wandb_run is not None:
@@ -509,13 +512,17 @@ def train(cfg: TrainConfig) -> dict:
                 with rt.autocast():
                     sampling = 0.8, 200, None, generator, tok.vocab_size
                     for t in generate(model, start, cfg.sample_tokens, *sampling):
-                        if stop_signal:  # a signal ends the sample too
+                        if requests:  # a signal ends the sample too
                             break
                         ids.append(int(t))
                 text = tok.decode(ids)
                 print(f"a sample (python sample.py --out-dir {run_dir} for more):\n{text}")
         final = losses if state.evaluated == state.step else {}  # a stop signal skips the eval
-        return {"step": state.step, "stop_signal": stop_signal, **final}
+        return {
+            "step": state.step,
+            "stop_signal": requests[0] if requests else stop_signal,
+            **final,
+        }
 
 
 def main(argv=None) -> int:

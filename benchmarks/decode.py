@@ -1,13 +1,12 @@
 """Decoding speed: generate()'s tokens/s on a config's shape, random weights; transformers' too."""
 
 import time
-from dataclasses import fields
 
 import torch
 
 from benchmarks import emit
 from configs import UserError, device_and_dtype, load_config
-from model.gpt import GPT, GPTConfig, generate
+from model.gpt import GPT, generate
 
 
 def transformers_twin(model: GPT):
@@ -32,9 +31,8 @@ def transformers_twin(model: GPT):
 def main(args) -> None:
     cfg = load_config(args.config)
     torch.manual_seed(0)
-    shape = {f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}
-    vocab = cfg.vocab_size or (65 if cfg.dataset.endswith("char") else 50257)
-    model = GPT(GPTConfig(**shape | {"vocab_size": vocab})).eval()
+    vocab = 65 if cfg.dataset.endswith("char") else 50257  # the tokenizer's
+    model = GPT(cfg.model_config(vocab)).eval()
     _, dtype = device_and_dtype("cpu", args.dtype)
     if model.config.n_embd <= 256:  # as sample.py decodes a small model
         torch.set_num_threads(1)

@@ -160,6 +160,11 @@ class TrainConfig(GPTConfig):
         if self.hellaswag_interval % self.eval_interval:
             raise UserError("--hellaswag-interval must be a multiple of --eval-interval")
 
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        """The network's settings, with vocab_size where the run leaves it to the tokenizer (0)."""
+        shape = {f.name: getattr(self, f.name) for f in fields(GPTConfig)}
+        return GPTConfig(**shape | {"vocab_size": self.vocab_size or vocab_size})
+
     @property
     def run_dir(self) -> Path:
         return Path(self.out_dir or f"out/{self.name}")

@@ -93,6 +93,12 @@ def gpt2_encoding():
     )
 
 
-def tokenizer(manifest: dict) -> CharTokenizer | GPT2Tokenizer:
-    """The tokenizer a prepared dataset's manifest (or a checkpoint's copy of it) names."""
+def tokenizer(manifest: dict, vocab_size: int) -> CharTokenizer | GPT2Tokenizer:
+    """The tokenizer a prepared dataset's manifest (or a checkpoint's copy of it) names, for a model
+    of vocab_size token rows, which its ids must not run past."""
+    if (needed := manifest["vocab_size"]) > vocab_size:
+        raise UserError(
+            f"the model's vocabulary ({vocab_size}) is smaller than its tokenizer's ({needed}); "
+            f"train one with --vocab-size {needed} or more"
+        )
     return CharTokenizer(manifest["chars"]) if manifest["tokenizer"] == "char" else GPT2Tokenizer()

@@ -7,13 +7,12 @@ Run it from the repository:
 
 import argparse
 import contextlib
-from dataclasses import fields
 
 import torch
 
 from configs import ArgumentParser, UserError, load_config, run
 
-from .gpt import GPT, GPTConfig
+from .gpt import GPT
 
 
 def shape_walk(model: GPT, batch_size: int = 1, seq_len: int = 0) -> str:
@@ -71,10 +70,9 @@ def main(argv=None) -> None:
     if args.batch_size < 1 or args.seq_len < 0:
         raise UserError("--batch-size: at least 1; --seq-len: at least 0")
     cfg = load_config(args.config)
-    vocab = cfg.vocab_size or (65 if cfg.dataset.endswith("char") else 50257)  # the tokenizers'
+    vocab = 65 if cfg.dataset.endswith("char") else 50257  # the tokenizer's
     with torch.device("meta"):  # shapes without memory: any size can be walked
-        fields_ = {f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}
-        model = GPT(GPTConfig(**fields_ | {"vocab_size": vocab}))
+        model = GPT(cfg.model_config(vocab))
     print(shape_walk(model, args.batch_size, min(args.seq_len, cfg.block_size)))
 
 

@@ -7,7 +7,7 @@ Shapes through a forward pass (B batch, T time, C = n_embd, nh heads of hs = C /
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -159,6 +159,17 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
+
+    def crop(self, block_size: int) -> None:
+        """Shorten the context to block_size, for a run with shorter windows than its weights': the
+        position embedding's rows, the masks and the rotary angles past it go."""
+        self.config = replace(self.config, block_size=block_size)
+        for block in self.transformer.h:
+            block.attn.future = block.attn.future[:block_size, :block_size]
+        if self.config.pos_emb == "learned":
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        else:
+            self.cos, self.sin = self.cos[:block_size], self.sin[:block_size]
 
     def num_params(self) -> int:
         """Parameters, a tied weight counted once."""

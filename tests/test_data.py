@@ -34,7 +34,9 @@ def manifest(folder) -> dict:
 
 def decoded(folder) -> str:
     """A prepared dataset's text: its train tokens, then its val tokens, decoded."""
-    return tokenizer(manifest(folder)).decode(split_ids(folder, "train") + split_ids(folder, "val"))
+    return tokenizer(m := manifest(folder), m["vocab_size"]).decode(
+        split_ids(folder, "train") + split_ids(folder, "val")
+    )
 
 
 def tree(folder) -> dict:

@@ -159,7 +159,7 @@ def test_a_vocab_size_below_the_tokenizers_is_refused(tmp_path, data_root):
     )
     assert line == (
         "error: the model's vocabulary (10) is smaller than its tokenizer's (65); "
-        "raise --vocab-size"
+        "train one with --vocab-size 65 or more"
     )
     assert written(tmp_path / "run") == []
 

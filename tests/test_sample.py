@@ -392,7 +392,10 @@ def test_a_model_whose_vocabulary_is_smaller_than_its_tokenizers_is_one_line(tmp
     hf_tiny(vocab=100).save_pretrained(tmp_path / "hf")  # GPT-2's tokenizer has 50257 tokens
     with pytest.raises(UserError) as e:
         sample.main(["--init-from", str(tmp_path / "hf"), "--prompt", "Hello world"])
-    assert str(e.value) == "the model's vocabulary (100) is smaller than its tokenizer's (50257)"
+    assert str(e.value) == (
+        "the model's vocabulary (100) is smaller than its tokenizer's (50257); "
+        "train one with --vocab-size 50257 or more"
+    )
     assert capsys.readouterr().out == ""
 
 

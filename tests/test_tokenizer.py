@@ -121,10 +121,10 @@ def test_gpt2_decodes_a_token_of_half_a_character():
 
 
 def test_tokenizer_builds_the_kind_a_manifest_names():
-    char = tokenizer({"tokenizer": "char", "chars": "\n abc", "vocab_size": 5})
+    char = tokenizer({"tokenizer": "char", "chars": "\n abc", "vocab_size": 5}, 5)
     assert isinstance(char, CharTokenizer) and char.chars == "\n abc"
     assert char.encode("a b\nc") == [2, 1, 3, 0, 4]
-    gpt2 = tokenizer({"tokenizer": "gpt2", "chars": None, "vocab_size": 50257})
+    gpt2 = tokenizer({"tokenizer": "gpt2", "chars": None, "vocab_size": 50257}, 50304)
     assert isinstance(gpt2, GPT2Tokenizer) and gpt2.encode("Hello world") == [15496, 995]
 
 

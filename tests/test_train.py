@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import ROOT, one_error_line, script, tiny, tiny_args
+from conftest import ROOT, in_process, one_error_line, script, tiny, tiny_args
 
 import train
 from configs import UserError, parse_args, run, settings
@@ -270,6 +270,90 @@ def test_a_process_whose_weights_left_the_others_is_named_at_each_eval(tmp_path,
     assert err.count("warning: process 1's weights differ from process 0's") == 2, err[-3000:]
 
 
+SIGNAL_RANK_1 = """\
+import os, signal, sys
+import train
+from data.loader import Batches
+
+at = os.environ.get("SIGNAL_AT") if os.environ["RANK"] == "1" else None
+if at == "eval":  # as the first eval starts
+
+    def signalled(*args, evaluate=train.evaluate):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(*args)
+
+    train.evaluate = signalled
+elif at:  # as step `at` starts
+
+    class Signalled(Batches):
+        def __call__(self, step):
+            if step == int(at):
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().__call__(step)
+
+    train.Batches = Signalled
+sys.exit(train.main())
+"""
+
+
+def two_processes(tmp_path, data_root, *flags, **env) -> list[int]:
+    """SIGNAL_RANK_1's exit statuses, run as rank 0 and 1 of a gloo group (as torchrun starts them,
+    but each status seen)."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "two.py").write_text(SIGNAL_RANK_1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    group = dict(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, tmp_path / "two.py", *tiny_args(tmp_path, data_root, *flags)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **group, **env, "RANK": r, "LOCAL_RANK": r},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for r in ("0", "1")
+    ]
+    try:
+        return [p.wait(timeout=60) for p in procs]  # well before --ddp-timeout's 300 s
+    finally:
+        for p in procs:
+            p.kill()
+
+
+@pytest.mark.parametrize("at, saved", [("eval", 5), ("7", 8)])  # at step 5's eval; between evals
+def test_sigterm_to_one_process_stops_both_at_once_and_the_run_resumes_bit_for_bit(
+    tmp_path, data_root, at, saved
+):
+    flags = ["--max-iters", 10, "--eval-interval", 5, "--log-interval", 10]
+    flags += ["--tokens-per-step", 256, "--dtype", "float32", "--threads", 1, "--ddp-timeout", 300]
+    assert two_processes(tmp_path / "cut", data_root, *flags, SIGNAL_AT=at) == [143, 143]
+    assert saved_step(tmp_path / "cut" / "run" / "ckpt.pt") == saved
+    assert two_processes(tmp_path / "cut", data_root, "--resume") == [0, 0]
+    assert two_processes(tmp_path / "whole", data_root, *flags) == [0, 0]
+    a, b = (
+        torch.load(d / "run" / "ckpt.pt", weights_only=True)
+        for d in (tmp_path / "cut", tmp_path / "whole")
+    )
+    for c in a, b:
+        del c["config"]["out_dir"], c["state"]["seconds"]  # where, and the clock
+    assert_same(a, b)
+
+
+def test_a_shorter_context_than_the_weights_crops_the_model(tmp_path, data_root):
+    """--init-from a run of block 32 with --block-size 16: one block_size, the checkpoint's."""
+    train.train(tiny(tmp_path / "long", data_root, max_iters=2, pos_emb="learned"))
+    cfg = tiny(tmp_path, data_root, max_iters=2, init_from=str(tmp_path / "long" / "run"))
+    train.train(replace(cfg, block_size=16))
+    checkpoint = load_checkpoint(tmp_path / "run")
+    assert checkpoint["model_config"]["block_size"] == checkpoint["config"]["block_size"] == 16
+    assert checkpoint["model"]["transformer.wpe.weight"].shape == (16, 16)
+    model = GPT(GPTConfig(**checkpoint["model_config"]))
+    model.load_state_dict(checkpoint["model"])
+    assert model.transformer.h[0].attn.future.shape == (16, 16)
+
+
 def start(tmp_path, data_root, *extra, **kwargs) -> subprocess.Popen:
     """train.py on the tiny preset in tmp_path/run, its output in tmp_path/out.txt, err.txt."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -451,7 +535,7 @@ def test_max_time_stops_the_run_with_its_final_eval_and_save_done(tmp_path, data
     result = train.train(cfg)
     step = result["step"]
     assert 0 < step < cfg.max_iters and result["stop_signal"] == 0
-    assert val_losses(tmp_path / "run").keys() == {0, step}  # the final eval
+    assert val_losses(tmp_path / "run").keys() == {step}  # the final eval, and no eval at step 0
     state = load_checkpoint(tmp_path / "run" / "ckpt.pt")["state"]
     assert state["step"] == state["evaluated"] == step
     assert f"stopped at step {step} by max_time" in capsys.readouterr().out
@@ -871,18 +955,16 @@ def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path, data_
     assert sorted({r["step"] for r in records(tmp_path / "run")}) == list(range(1, 7))
 
 
-def test_an_eval_that_uses_up_max_time_ends_the_run_there(tmp_path, data_root, monkeypatch):
-    """Step 0's eval (a --max-time run has one) ends past the deadline: no step, no second eval."""
-    evaluate, calls = train.evaluate, []
-
-    def slow(*args):
-        calls.append(1)
-        time.sleep(1.5)
-        return evaluate(*args)
-
-    monkeypatch.setattr(train, "evaluate", slow)
-    result = train.train(tiny(tmp_path, data_root, max_time=1.0, max_iters=10**6))
-    assert result["step"] == 0 and calls == [1]
+def test_a_max_time_too_short_for_a_step_is_one_line_before_the_run_starts(tmp_path, data_root):
+    line = one_error_line(
+        in_process(train.main, *tiny_args(tmp_path, data_root, "--max-time", 0.5))
+    )
+    assert re.fullmatch(
+        r"error: --max-time 0.5 leaves no time for a step: -?[\d.]+ s of it are left after "
+        r"start-up; give more",
+        line,
+    )
+    assert not (tmp_path / "run" / "ckpt.pt").exists()
 
 
 def test_a_resume_past_max_iters_says_so_and_a_signal_ends_the_last_sample(
