@@ -16,7 +16,6 @@ several print one after another, each under a header. A sample ends at end-of-te
 its first --stop string. The same --seed and --num-samples give the same samples.
 """
 
-import argparse
 import codecs
 import os
 import re
@@ -26,7 +25,7 @@ import torch
 
 from configs import ArgumentParser, UserError, device_and_dtype, run
 from data.tokenizer import tokenizer
-from model.checkpoint import load_checkpoint, load_weights, model_from
+from model.checkpoint import load_checkpoint, model_from
 from model.gpt import generate
 
 
@@ -57,9 +56,7 @@ class TextStream:
 
 
 def main(argv=None) -> None:
-    p = ArgumentParser(
-        prog="sample.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = ArgumentParser(prog="sample.py", description=__doc__)
     weights = p.add_mutually_exclusive_group()
     weights.add_argument("--out-dir", default="out/small", help="a run folder, or a .pt file")
     weights.add_argument("--init-from", help="a GPT-2 hub id (gpt2), a Hugging Face or run folder")
@@ -96,6 +93,8 @@ def main(argv=None) -> None:
 
     # the model and its tokenizer, in the compute dtype, on the device
     if args.init_from:
+        from model.hf import load_weights  # GPT-2's too, from Hugging Face
+
         model, manifest = load_weights(args.init_from)
     else:
         checkpoint = load_checkpoint(args.out_dir)

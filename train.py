@@ -29,21 +29,20 @@ import torch
 from filelock import FileLock, Timeout
 from tqdm import tqdm
 
-from configs import TrainConfig, UserError, parse_args, run, settings
-from data.loader import Batches, eval_batches, read_tokens
+from configs import TrainConfig, UserError, parse_args, replacing, run, settings
+from data.loader import Batches, eval_batches, windows
 from data.prepare import dataset_dir
 from data.tokenizer import tokenizer
 from model.checkpoint import (
     checkpoint_file,
     keep_best,
     load_checkpoint,
-    load_weights,
     model_from,
     save_checkpoint,
 )
 from model.gpt import GPT, generate
 from training.optim import lr_factor, make_optimizers
-from training.runtime import check_fits, peak_flops, setup
+from training.runtime import check_fits, peak_flops, setup, summed
 
 RUN_FILES = {"ckpt.pt", "best.pt", "config.json", "metrics.jsonl", "loss.png", "wandb"}
 
@@ -76,21 +75,17 @@ def evaluate(
     batch_size = cfg.eval_batch_size or cfg.batch_size
     losses = {}
     for split in "val", "train":
-        # the loss summed over the tokens, the tokens, and whether a stop signal cut the eval short
-        total = torch.zeros(3, device=rt.device)
+        total = torch.zeros(2, device=rt.device)  # the loss summed over the tokens, the tokens
         path = data_dir / f"{split}.bin"
         for x, y in eval_batches(
             path, cfg.block_size, batch_size, rt.device, limit, rt.rank, rt.world_size
         ):
             if stopped():
-                total[2] = 1
                 break
             with rt.autocast():
                 _, loss = model(x, y)
-            total[:2] += torch.stack([loss * y.numel(), loss.new_tensor(y.numel())])
-        if rt.world_size > 1:  # every process reduces, stopped or not: none is left waiting
-            torch.distributed.all_reduce(total)
-        if total[2] > 0:
+            total += torch.stack([loss * y.numel(), loss.new_tensor(y.numel())])
+        if (total := summed(total, stopped(), rt)) is None:
             model.train()
             return None
         losses[f"{split}_loss"] = (total[0] / total[1]).item()
@@ -171,6 +166,8 @@ def train(cfg: TrainConfig) -> dict:
                 )
             model = model_from(checkpoint, cfg.dropout)
         elif cfg.init_from or cfg.eval_only:
+            from model.hf import load_weights  # GPT-2's too, from Hugging Face
+
             weights = cfg.init_from or str(checkpoint_file(run_dir))
             model, trained_on = load_weights(weights, cfg.dropout)
             vocabulary = ("tokenizer", "vocab_size", "chars")
@@ -193,8 +190,9 @@ def train(cfg: TrainConfig) -> dict:
         model.crop(cfg.block_size)  # one block_size from here on, which the checkpoint holds
         cfg = replace(cfg, **asdict(model.config))  # the weights bring their shape
         model.to(rt.device)
-        eval_rows = cfg.eval_batch_size or cfg.batch_size  # the batches of all of val
-        whole_val = math.ceil(len(read_tokens(data_dir / "val.bin")) // cfg.block_size / eval_rows)
+        eval_rows = cfg.eval_batch_size or cfg.batch_size  # the batches of all of val, if any
+        val_windows = windows(data_dir / "val.bin", cfg.block_size)[:: cfg.block_size]
+        whole_val = math.ceil(len(val_windows) / eval_rows)
         score_hellaswag, hellaswag_every = None, cfg.hellaswag_interval or cfg.eval_interval
         hellaswag_rows = 0  # what a --max-time run keeps time for
         if cfg.hellaswag:
@@ -249,7 +247,8 @@ def train(cfg: TrainConfig) -> dict:
                     again = "val_loss" in r and state.evaluated != state.step
                     if r["step"] < state.step or r["step"] == state.step and not again:
                         kept.append(line)
-                metrics.write_text("".join(line + "\n" for line in kept))
+                with replacing(metrics) as tmp:
+                    tmp.write_text("".join(line + "\n" for line in kept))
             del checkpoint
 
         # the training step's model: compiled, and under DDP wrapped (checkpoints hold the model),
@@ -300,7 +299,8 @@ def train(cfg: TrainConfig) -> dict:
                 open(run_dir / "metrics.jsonl", "a" if cfg.resume else "w")
             )
             if not cfg.resume:  # a resume's settings become the run's at its first save
-                (run_dir / "config.json").write_text(json.dumps(settings(cfg), indent=1))
+                with replacing(run_dir / "config.json") as tmp:
+                    tmp.write_text(json.dumps(settings(cfg), indent=1))
             resuming = f"; resuming at step {state.step}" if cfg.resume else ""
             print(
                 f"{model.num_params() / 1e6:.2f}M parameters; {tokens_a_step:,} tokens a "
@@ -338,8 +338,8 @@ def train(cfg: TrainConfig) -> dict:
                 },
                 run_dir / "ckpt.pt",
             )
-            (run_dir / ".config.json.tmp").write_text(json.dumps(settings(cfg), indent=1))
-            os.replace(run_dir / ".config.json.tmp", run_dir / "config.json")
+            with replacing(run_dir / "config.json") as tmp:
+                tmp.write_text(json.dumps(settings(cfg), indent=1))
             return state.step
 
         # stop signals: each is a request that the loop reads at the top of its next step (an eval

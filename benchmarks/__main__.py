@@ -10,7 +10,6 @@ python -m benchmarks time-to-loss --config small # whole `python train.py` runs:
 python -m benchmarks gpu                         # pytest -m cuda, GPT-2's step, shakespeare_gpu
 """
 
-import argparse
 import sys
 
 from configs import ArgumentParser, run
@@ -22,13 +21,12 @@ def main(argv=None) -> None:
     p = ArgumentParser(
         prog="python -m benchmarks",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("size", help="Python tokens per file and folder, and what the commands load")
     train = sub.add_parser("train", help="train.py's training tokens/s and ms a step")
     train.add_argument("--config", default="small")
-    train.add_argument("--iters", type=int, default=200, help="steps (the first 20% warm up)")
+    train.add_argument("--iters", type=int, default=200, help="steps (the first fifth warms up)")
     train.add_argument("--busy", type=int, default=0, help="busy processes started before the run")
     sample = sub.add_parser("sample", help="decoding tokens/s: eager and compiled")
     sample.add_argument("--config", default="small")

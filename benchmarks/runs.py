@@ -1,6 +1,7 @@
 """Training speed: train.py's own loop, in this process or as whole `python train.py` runs."""
 
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import emit
+from configs import device_and_dtype
 
 
 def busy_processes(n: int) -> list[subprocess.Popen]:
@@ -58,6 +60,7 @@ def train(args, extra: list[str]) -> None:
             "bench": "train",
             "config": args.config,
             "busy": args.busy,
+            "dtype": str(device_and_dtype(cfg.device, cfg.dtype)[1])[6:],
             "threads": torch.get_num_threads(),
             "tokens_per_s": round(tokens),
             "ms_per_step": round(1000 * step_tokens / tokens, 2),
@@ -73,14 +76,20 @@ def time_to_loss(args, extra: list[str]) -> None:
             script = Path(__file__).resolve().parent.parent / "train.py"
             command = [sys.executable, script, "--config", args.config, "--out-dir", tmp, *extra]
             t0 = time.perf_counter()
-            subprocess.run(command, check=True, capture_output=True)
+            first = subprocess.run(command, check=True, capture_output=True, text=True).stdout
             seconds = time.perf_counter() - t0
+            first = first.splitlines()[0]  # "cpu, 2 threads, bfloat16, compile off"
             last = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").open()][-1]
         emit(
             {
                 "bench": "time-to-loss",
                 "config": args.config,
                 "flags": " ".join(extra),
+                "run": first,
+                "dtype": next(
+                    p for p in first.split(", ") if p in ("float32", "bfloat16", "float16")
+                ),
+                "threads": int(re.search(r"(\d+) threads?", first + " 0 threads")[1]),
                 "wall_s": round(seconds, 1),
                 "step": last["step"],
                 "val_loss": last.get("val_loss"),

@@ -9,10 +9,12 @@ Each preset is configs/<name>.toml; a file of your own holds some of the fields,
 """
 
 import argparse
+import contextlib
 import difflib
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import tomllib
@@ -30,7 +32,13 @@ class UserError(Exception):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser, whose mistakes are UserErrors: one line, without the usage."""
+    """argparse's parser, whose mistakes are UserErrors: one line, without the usage. Its
+    description (a script's docstring) keeps its lines as written, and a flag is never abbreviated
+    (--conf X is not --config X)."""
+
+    def __init__(self, **kwargs):
+        kwargs |= dict(formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+        super().__init__(**kwargs)
 
     def error(self, message):
         raise UserError(message)
@@ -59,6 +67,28 @@ def run(main) -> None:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         sys.exit(130)
+
+
+@contextlib.contextmanager
+def replacing(path: Path):
+    """A temporary path beside `path` to write a file or a folder in, which then takes path's place
+    whole: a crash, a full disk or Ctrl-C midway leaves what was there as it was."""
+    tmp, old = path.with_name(f".{path.name}.tmp"), path.with_name(f".{path.name}.old")
+    gone = lambda p: (
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    )
+    gone(tmp)  # a killed write's
+    try:
+        yield tmp
+        if tmp.is_file():  # its bytes on the disk before its name
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        if path.is_dir():  # os.replace cannot put a folder over one that holds files
+            os.replace(path, old)
+        os.replace(tmp, path)
+    finally:
+        gone(tmp)
+        gone(old)
 
 
 def cpu_has_bf16() -> bool:
@@ -200,6 +230,8 @@ def load_config(name: str) -> TrainConfig:
         ) from None
     if path.suffix == ".toml":
         values.setdefault("name", path.stem)
+    if path.name == "config.json":  # a run's: its folder is where it is now, moved or copied
+        values["out_dir"] = str(path.parent)
     try:
         base = load_config(str(values.pop("base"))) if "base" in values else TrainConfig()
     except RecursionError:
@@ -214,15 +246,13 @@ def load_config(name: str) -> TrainConfig:
 def parse_args(argv=None, doc: str = "") -> TrainConfig:
     """train.py's command line: --config picks where the settings start (the defaults --help shows),
     and each field of TrainConfig is a flag. --resume takes the rest from the run's config.json."""
-    first = ArgumentParser(add_help=False, allow_abbrev=False)  # --conf X: not --config X
+    first = ArgumentParser(add_help=False)
     first.add_argument("--config")
     given = first.parse_known_args(argv)[0].config
     base = load_config("small" if given is None else given)
     parser = ArgumentParser(
         prog="train.py",
         description=doc,
-        allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         argument_default=argparse.SUPPRESS,
     )  # untyped flags stay out: base keeps them
     parser.add_argument(

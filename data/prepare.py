@@ -13,20 +13,18 @@ char), into a stream that is split by tokens. train.py prepares a preset on firs
 already prepared from the same bytes is reused; --force prepares it again.
 """
 
-import argparse
 import difflib
 import hashlib
 import itertools
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 from filelock import FileLock
 from tqdm import tqdm
 
-from configs import ArgumentParser, UserError, run
+from configs import ArgumentParser, UserError, replacing, run
 
 from .loader import HEADER, MAGIC, VERSION, read_tokens, write_tokens
 from .tokenizer import CharTokenizer, GPT2Tokenizer
@@ -167,17 +165,14 @@ def prepare(
         raise UserError(f"{out} is not a dataset's folder; give another name, or another folder")
 
     # the token files, built in a folder beside the dataset's and then swapped in whole: a prepare
-    # that fails or is killed leaves the dataset as it was
-    tmp, old = out.with_name(f".{name}.tmp"), out.with_name(f".{name}.old")
+    # that fails or is killed leaves the dataset as it was. One prepare at a time: another waits
+    # for it, then finds the dataset prepared (under torchrun, nodes that share a folder).
     out.parent.mkdir(parents=True, exist_ok=True)
-    # One prepare at a time: another waits for it, then finds the dataset prepared (under torchrun,
-    # the processes of nodes that share a folder). The lock dies with its process.
-    with FileLock(out.with_name(f".{name}.lock")):
+    with FileLock(out.with_name(f".{name}.lock")):  # it dies with its process
         if up_to_date() and not force:
             return out
-        shutil.rmtree(tmp, ignore_errors=True)  # a killed prepare's
-        tmp.mkdir()
-        try:
+        with replacing(out) as tmp:
+            tmp.mkdir()
             if read is None:
                 text = utf8(Path(one_text).read_bytes(), one_text)
                 tok, counts = write_text(text, tokenizer, tmp, val_fraction)
@@ -196,12 +191,6 @@ def prepare(
                 "val_tokens": counts["val"],
             }
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
-            if out.exists():
-                os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # what a failed build left
     if not quiet:
         print(
             f"{name}: {tok.name} tokenizer, {tok.vocab_size:,} tokens in its vocabulary; "
@@ -229,7 +218,6 @@ def main(argv=None) -> None:
     p = ArgumentParser(
         prog="python -m data.prepare",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("name", nargs="?", help=f"a preset ({', '.join(PRESETS)}), or a source's name")
     p.add_argument("--text", help="a UTF-8 text file, or a folder of .txt files (a document each)")

@@ -5,7 +5,6 @@ Run it from the repository:
     python -m model --config gpt2 --seq-len 8
 """
 
-import argparse
 import contextlib
 
 import torch
@@ -59,7 +58,6 @@ def main(argv=None) -> None:
     p = ArgumentParser(
         prog="python -m model",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--config", default="small", help="a preset, a .toml file or a run's config.json"

@@ -12,34 +12,24 @@ from pathlib import Path
 
 import torch
 
-from configs import UserError
+from configs import UserError, replacing
 
 from .gpt import GPT, GPTConfig
 
 
 def save_checkpoint(checkpoint: dict, path: Path) -> None:
-    """Write path by way of a temporary file beside it: a crash, a full disk or Ctrl-C leaves the
-    old one whole."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write path whole or not at all."""
+    with replacing(path) as tmp:
+        torch.save(checkpoint, tmp)
 
 
 def keep_best(run_dir: Path) -> None:
     """Make best.pt the ckpt.pt just written: a hard link, which later saves (new files) spare."""
-    tmp = run_dir / ".best.pt.tmp"
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(run_dir / "ckpt.pt", tmp)
-    except OSError:  # a file system without hard links
-        shutil.copyfile(run_dir / "ckpt.pt", tmp)
-    os.replace(tmp, run_dir / "best.pt")
+    with replacing(run_dir / "best.pt") as tmp:
+        try:
+            os.link(run_dir / "ckpt.pt", tmp)
+        except OSError:  # a file system without hard links
+            shutil.copyfile(run_dir / "ckpt.pt", tmp)
 
 
 def checkpoint_file(path) -> Path:
@@ -70,17 +60,3 @@ def model_from(checkpoint: dict, dropout: float = 0.0) -> GPT:
     model = GPT(GPTConfig(**{**checkpoint["model_config"], "dropout": dropout}))
     model.load_state_dict(checkpoint["model"])
     return model
-
-
-def load_weights(name: str, dropout: float = 0.0) -> tuple[GPT, dict]:
-    """--init-from NAME: (the model, the manifest of its data) of a run folder or .pt file of ours,
-    else of a Hugging Face GPT-2 folder or hub id (model/hf.py)."""
-    path = Path(name)
-    if path.suffix == ".pt" or (path / "ckpt.pt").is_file() or (path / "best.pt").is_file():
-        checkpoint = load_checkpoint(path)
-        return model_from(checkpoint, dropout), checkpoint["manifest"]
-    if name.startswith(("/", ".", "~")) and not path.exists():  # a path, not a hub id
-        raise UserError(f"--init-from {name}: no such file or folder")
-    from .hf import load_gpt2
-
-    return load_gpt2(name, dropout)

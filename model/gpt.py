@@ -58,10 +58,9 @@ class CausalSelfAttention(nn.Module):
         future = torch.ones(config.block_size, config.block_size, dtype=torch.bool).triu(1)
         self.register_buffer("future", future, persistent=False)
 
-    def forward(self, x, rope=None, padding_mask=None, kv_cache=None):
-        """x (B, T, C) -> (B, T, C). rope is (cos, sin) at the tokens' positions; padding_mask
-        (B, T) is True at real tokens; with kv_cache, the keys and values of earlier calls are seen
-        too."""
+    def forward(self, x, rope=None, kv_cache=None):
+        """x (B, T, C) -> (B, T, C). rope is (cos, sin) at the tokens' positions; with kv_cache, the
+        keys and values of earlier calls are seen too."""
         B, T, C = x.size()
         # (B, T, 3C) -> (B, T, 3, nh, hs) -> (3, B, nh, T, hs): q, k and v of every head
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
@@ -70,16 +69,9 @@ class CausalSelfAttention(nn.Module):
             q, k = rotate(qkv[:2], *rope)
         if kv_cache is not None:  # (B, nh, T, hs) -> (B, nh, Tk, hs): the cached keys, then these
             k, v = kv_cache.update(self.layer, k, v)
-        mask = None  # which keys each query sees, (B, 1, T, T); None: the plain causal mask
-        if padding_mask is not None:
-            # A padding query sees no real key, so it sees itself: its softmax stays finite, and
-            # nothing reads its output.
-            eye = torch.eye(T, dtype=torch.bool, device=x.device)
-            mask = padding_mask[:, None, None, :] & ~self.future[:T, :T] | eye
         # One new token sees every key before it; several see each other causally, and the keys
         # cached before them: is_causal would hide those, as it aligns its mask with the first key.
-        Tk = k.size(2)
-        causal = mask is None and T > 1
+        Tk, mask, causal = k.size(2), None, T > 1  # mask: which keys each query sees, (T, Tk)
         if causal and Tk > T:
             mask, causal = ~self.future[Tk - T : Tk, :Tk], False
         if self.explicit and T > 1:  # one query (decoding) is one call in SDPA, six spelled out
@@ -119,8 +111,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope=None, padding_mask=None, kv_cache=None):
-        x = x + self.attn(self.ln_1(x), rope, padding_mask, kv_cache)
+    def forward(self, x, rope=None, kv_cache=None):
+        x = x + self.attn(self.ln_1(x), rope, kv_cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -175,29 +167,25 @@ class GPT(nn.Module):
         """Parameters, a tied weight counted once."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None, padding_mask=None, kv_cache=None):
+    def forward(self, idx, targets=None, kv_cache=None):
         """idx (B, T) token ids -> (logits (B, T, V), None); with targets (B, T), (None, their mean
-        loss), a target of -1 left out. padding_mask (B, T), False at padding, gives a left-padded
-        row its logits unpadded. With kv_cache, the tokens follow those of earlier calls."""
+        loss), a target of -1 left out. With kv_cache, the tokens follow those of earlier calls."""
         T = idx.size(1)
         start = kv_cache.pos if kv_cache is not None else 0
         if start + T > self.config.block_size:
             raise ValueError(
                 f"{start + T} positions, more than block_size {self.config.block_size}"
             )
-        if padding_mask is None:
-            pos = torch.arange(start, start + T, device=idx.device)  # (T,)
-        else:  # a left-padded row counts its positions from its first real token
-            pos = (padding_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
         x = self.transformer.wte(idx)  # (B, T) -> (B, T, C)
         rope = None
         if self.config.pos_emb == "learned":
-            x = x + self.transformer.wpe(pos)  # (T,) or (B, T) -> (T, C) or (B, T, C)
-        else:  # (T,) or (B, T) -> (1|B, 1, T, hs/2): the same angles for every head
+            x = x + self.transformer.wpe(pos)  # (T,) -> (T, C), added to every row
+        else:  # (T,) -> (1, T, hs/2): the same angles for every head
             rope = self.cos[pos].unsqueeze(-3), self.sin[pos].unsqueeze(-3)
         x = self.transformer.drop(x)
         for block in self.transformer.h:
-            x = block(x, rope, padding_mask, kv_cache)
+            x = block(x, rope, kv_cache)
         if kv_cache is not None:
             kv_cache.pos += T
         x = self.transformer.ln_f(x)

@@ -3,15 +3,13 @@
 python -m model.hf export out/small_learned exported/small   # AutoModelForCausalLM, AutoTokenizer
 """
 
-import argparse
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
 
-from configs import ArgumentParser, UserError, run
+from configs import ArgumentParser, UserError, replacing, run
 
 from .checkpoint import load_checkpoint, model_from
 from .gpt import GPT, GPTConfig
@@ -91,6 +89,18 @@ def load_gpt2(name: str, dropout: float = 0.0) -> tuple[GPT, dict]:
     return model, GPT2_MANIFEST
 
 
+def load_weights(name: str, dropout: float = 0.0) -> tuple[GPT, dict]:
+    """--init-from NAME: (the model, the manifest of its data) of a run folder or .pt file of ours,
+    else of a Hugging Face GPT-2 folder or hub id."""
+    path = Path(name)
+    if path.suffix == ".pt" or (path / "ckpt.pt").is_file() or (path / "best.pt").is_file():
+        checkpoint = load_checkpoint(path)
+        return model_from(checkpoint, dropout), checkpoint["manifest"]
+    if name.startswith(("/", ".", "~")) and not path.exists():  # a path, not a hub id
+        raise UserError(f"--init-from {name}: no such file or folder")
+    return load_gpt2(name, dropout)
+
+
 def export(run_dir: str, out: str) -> Path:
     """A run (its best.pt, else ckpt.pt) as a folder that transformers loads, its tokenizer
     included; written beside `out`, then swapped in whole."""
@@ -117,61 +127,59 @@ def export(run_dir: str, out: str) -> Path:
     }  # what an export writes: an earlier one is replaced whole
     if out.is_file() or out.is_dir() and set(os.listdir(out)) - exported:
         raise UserError(f"{out} holds something else than an export; export into a new folder")
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)  # a killed export's
-    tmp.mkdir(parents=True)
-    # The tied lm_head is left out (transformers ties it again), and a padded embedding's extra rows
-    state = {
-        k: (v.t() if k.endswith(CONV1D) else v[:vocab] if "wte" in k or "lm_head" in k else v)
-        for k, v in model.state_dict().items()
-        if not (k == "lm_head.weight" and c.tie_weights)
-    }
-    state = {k: v.contiguous() for k, v in state.items()}
-    (tmp / "model.safetensors").write_bytes(save(state, metadata={"format": "pt"}))
-    eot = 50256 if manifest["tokenizer"] == "gpt2" else None
-    config = {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": vocab,
-        "n_positions": c.block_size,
-        "n_embd": c.n_embd,
-        "n_layer": c.n_layer,
-        "n_head": c.n_head,
-        "activation_function": "gelu_new",
-        "resid_pdrop": 0.0,
-        "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0,
-        "tie_word_embeddings": c.tie_weights,
-        "bos_token_id": eot,
-        "eos_token_id": eot,
-    }
-    (tmp / "config.json").write_text(json.dumps(config, indent=1))
-    if eot is None:  # a token per character, joined back without spaces
-        chars = manifest["chars"]
-        tok = Tokenizer(models.WordLevel({ch: i for i, ch in enumerate(chars)}, unk_token=chars[0]))
-        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
-        tok.decoder = decoders.Fuse()
-    else:  # GPT-2's byte-level BPE, from the files that our tokenizer is built from
-        vocab_bpe, encoder_json = map(str, gpt2_files())
-        tok = Tokenizer(models.BPE.from_file(encoder_json, vocab_bpe))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        tok.add_special_tokens(["<|endoftext|>"])
-    tok.save(str(tmp / "tokenizer.json"))
-    specials = dict.fromkeys(("bos_token", "eos_token", "unk_token"), "<|endoftext|>")
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": c.block_size,
-        "clean_up_tokenization_spaces": False,
-        **(specials if eot else {}),
-    }
-    (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-    (tmp / "manifest.json").write_text(json.dumps(manifest))
-    old = out.with_name(f".{out.name}.old")
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(out) as tmp:  # an earlier export is replaced whole, or not at all
+        tmp.mkdir()
+        # The tied lm_head is left out (transformers ties it again), and so are a padded embedding's
+        # extra rows.
+        state = {
+            k: (v.t() if k.endswith(CONV1D) else v[:vocab] if "wte" in k or "lm_head" in k else v)
+            for k, v in model.state_dict().items()
+            if not (k == "lm_head.weight" and c.tie_weights)
+        }
+        state = {k: v.contiguous() for k, v in state.items()}
+        (tmp / "model.safetensors").write_bytes(save(state, metadata={"format": "pt"}))
+        eot = 50256 if manifest["tokenizer"] == "gpt2" else None
+        config = {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": vocab,
+            "n_positions": c.block_size,
+            "n_embd": c.n_embd,
+            "n_layer": c.n_layer,
+            "n_head": c.n_head,
+            "activation_function": "gelu_new",
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "tie_word_embeddings": c.tie_weights,
+            "bos_token_id": eot,
+            "eos_token_id": eot,
+        }
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        if eot is None:  # a token per character, joined back without spaces
+            chars = manifest["chars"]
+            tok = Tokenizer(
+                models.WordLevel({ch: i for i, ch in enumerate(chars)}, unk_token=chars[0])
+            )
+            tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
+            tok.decoder = decoders.Fuse()
+        else:  # GPT-2's byte-level BPE, from the files that our tokenizer is built from
+            vocab_bpe, encoder_json = map(str, gpt2_files())
+            tok = Tokenizer(models.BPE.from_file(encoder_json, vocab_bpe))
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tok.decoder = decoders.ByteLevel()
+            tok.add_special_tokens(["<|endoftext|>"])
+        tok.save(str(tmp / "tokenizer.json"))
+        specials = dict.fromkeys(("bos_token", "eos_token", "unk_token"), "<|endoftext|>")
+        tokenizer_config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": c.block_size,
+            "clean_up_tokenization_spaces": False,
+            **(specials if eot else {}),
+        }
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+        (tmp / "manifest.json").write_text(json.dumps(manifest))
     return out
 
 
@@ -179,7 +187,6 @@ def main(argv=None) -> None:
     p = ArgumentParser(
         prog="python -m model.hf",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("command", choices=["export"])
     p.add_argument("run", help="a run folder (its best.pt, else ckpt.pt) or a .pt file")

@@ -68,4 +68,12 @@ def test_benchmark(command, tmp_path, data_root, monkeypatch, capsys):
     if command.endswith("size"):
         return  # it prints a table: test_layout checks its figures
     assert records and all(r["bench"] == command.split()[3] for r in records)
+    assert all({"device", "dtype", "threads"} <= r.keys() for r in records)  # what ran it
     assert all(v is None or v == v for r in records for v in r.values() if isinstance(v, float))
+
+
+@pytest.mark.parametrize("command", ["size", "train", "sample", "time-to-loss", "gpu"])
+def test_every_benchmarks_help_prints(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: python -m benchmarks")

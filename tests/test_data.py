@@ -636,7 +636,7 @@ def test_batches_are_on_the_device_asked_for(random_tokens):
         assert x.device.type == y.device.type == "meta" and x.shape == y.shape == (4, 16)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_batches_on_a_gpu_are_the_cpu_ones(random_tokens):
     cpu = Batches(random_tokens, 16, 4, 2, 0, 1, seed=3, device="cpu")(5)
     gpu = Batches(random_tokens, 16, 4, 2, 0, 1, seed=3, device="cuda")(5)

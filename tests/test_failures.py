@@ -11,6 +11,7 @@ import os
 import re
 import resource
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,8 +24,9 @@ from filelock import FileLock
 
 import sample
 import train
-from configs import run
+from configs import parse_args, run
 from data.prepare import prepare
+from model.checkpoint import load_checkpoint
 from model.gpt import GPT
 
 SHAKESPEARE = (ROOT / "data/corpora/tinyshakespeare/input.txt").read_text()
@@ -426,3 +428,44 @@ def test_both_scripts_start_without_posix_only_modules_and_signals(tmp_path, dat
         "-c", AS_ON_WINDOWS, "sample.py", "--out-dir", tmp_path / "run", "--max-new-tokens", 5
     )
     assert sampled.returncode == 0 and sampled.stdout, sampled.stderr[-2000:]
+
+
+@pytest.mark.parametrize("how", ["copied", "moved"])
+def test_a_copied_or_moved_run_folder_resumes_where_it_is_and_writes_nowhere_else(
+    tmp_path, trained, root, how
+):
+    original = tmp_path / "original"
+    shutil.copytree(trained, original)
+    before = contents(original)
+    (shutil.copytree if how == "copied" else shutil.move)(original, tmp_path / "elsewhere")
+    resumed = train.train(
+        parse_args(["--config", str(tmp_path / "elsewhere"), "--resume", "--max-iters", "4"])
+    )
+    assert resumed["step"] == 4 and load_checkpoint(tmp_path / "elsewhere")["state"]["step"] == 4
+    if how == "copied":
+        assert contents(original) == before  # the original is untouched
+    else:
+        assert not original.exists()  # nor made again
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["elsewhere"] + ["original"] * (how == "copied")
+    )
+
+
+def test_a_val_split_too_short_for_one_window_is_one_line_before_any_step(tmp_path):
+    (tmp_path / "short.txt").write_text(SHAKESPEARE[:3000])
+    prepare(
+        "short",
+        text=tmp_path / "short.txt",
+        tokenizer="char",
+        root=str(tmp_path),
+        val_fraction=0.01,
+        quiet=True,
+    )
+    line = one_error_line(
+        in_process(train.main, *tiny_args(tmp_path, tmp_path, "--dataset", "short"))
+    )
+    assert (
+        line.startswith("error: ")
+        and "val.bin holds 30 tokens, not a block of 32 and one more" in line
+    )
+    assert not (tmp_path / "run" / "ckpt.pt").exists()

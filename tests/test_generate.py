@@ -292,7 +292,7 @@ def test_compiled_decoding_draws_the_same_tokens_as_eager():
     assert len(set(eager[0].tolist())) > 2
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+@pytest.mark.cuda
 def test_on_cuda_generate_decodes_the_cpus_greedy_tokens():
     model = tiny_model()
     idx = prompts()

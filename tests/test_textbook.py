@@ -390,7 +390,7 @@ def test_lengths_passed_fourth_are_refused_as_a_mask():
         mha(x, x, x, torch.tensor([3, 2]))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+@pytest.mark.cuda
 def test_on_cuda_valid_lens_make_their_mask_on_the_inputs_device():
     torch.manual_seed(0)
     mha = MultiHeadAttention(num_heads=2, emb_size=16, head_size=8, causal=True, max_seq_len=16)

@@ -764,7 +764,8 @@ def test_a_save_that_fails_midway_keeps_the_previous_checkpoint_whole(
     def disk_full_at_step_10(obj, f, *args, **kwargs):
         if obj["state"]["step"] == 10:
             kept.append((run_dir / "ckpt.pt").read_bytes())
-            f.write(b"PK\x03\x04 half a zip")  # some bytes land, then the disk is full
+            with open(f, "wb") as out:  # some bytes land, then the disk is full
+                out.write(b"PK\x03\x04 half a zip")
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(obj, f, *args, **kwargs)
 
@@ -785,7 +786,8 @@ def test_save_checkpoint_replaces_the_file_whole_or_not_at_all(tmp_path, monkeyp
     before = path.read_bytes()
 
     def broken(obj, f, *args, **kwargs):
-        f.write(b"half")
+        with open(f, "wb") as out:
+            out.write(b"half")
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", broken)
@@ -1020,7 +1022,7 @@ def test_best_pt_is_a_hard_link_of_ckpt_pt_or_a_copy_where_links_are_refused(tmp
 def test_init_from_a_run_folder_holding_either_checkpoint_takes_its_weights_and_dropout(
     tmp_path, data_root, kept
 ):
-    from model.checkpoint import load_weights
+    from model.hf import load_weights
 
     train.train(tiny(tmp_path, data_root, max_iters=2))
     run_dir = tmp_path / "run"

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from configs import UserError
+from training.runtime import summed
 
 
 def load_items(path: str, tok) -> list[tuple[list[int], list[list[int]], int]]:
@@ -70,13 +71,10 @@ def score(model, items, rt, batch_size: int, vocab_size: int, stopped=lambda: Fa
         tokens = (y != -1).sum(1).view(-1, 4).to(rt.device)
         picks = torch.stack([total.argmax(1), (total / tokens).argmax(1)])  # (2, items)
         right += (picks == torch.tensor([label for *_, label in batch], device=rt.device)).sum(1)
-    counts = torch.cat([right, right.new_tensor([len(mine), stopped()])])
-    if rt.world_size > 1:
-        torch.distributed.all_reduce(counts)
     model.train()
-    right_sum, right_norm, n, stops = counts.tolist()
-    if stops:
+    if (counts := summed(torch.cat([right, right.new_tensor([len(mine)])]), stopped(), rt)) is None:
         return None
+    right_sum, right_norm, n = counts.tolist()
     return {
         "hellaswag_acc": right_sum / n,
         "hellaswag_acc_norm": right_norm / n,

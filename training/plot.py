@@ -1,8 +1,9 @@
 """loss.png: the training and validation losses of metrics.jsonl against the step."""
 
 import json
-import os
 from pathlib import Path
+
+from configs import replacing
 
 
 def plot_losses(run_dir: Path) -> None:
@@ -26,5 +27,5 @@ def plot_losses(run_dir: Path) -> None:
     ax.set(xlabel="step", ylabel="loss", title=run_dir.name)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.savefig(tmp := run_dir / ".loss.png.tmp", format="png", dpi=110)
-    os.replace(tmp, run_dir / "loss.png")
+    with replacing(run_dir / "loss.png") as tmp:
+        fig.savefig(tmp, format="png", dpi=110)

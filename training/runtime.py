@@ -95,6 +95,15 @@ def setup(cfg) -> Runtime:
     return Runtime(device, dtype, cfg.compile and compiles, rank, local_rank, world_size)
 
 
+def summed(totals: torch.Tensor, stopped: bool, rt) -> torch.Tensor | None:
+    """An eval's totals summed over the processes, or None where a stop signal reached any of them:
+    every process reduces, stopped or not, so that none is left waiting."""
+    totals = torch.cat([totals, totals.new_tensor([float(stopped)])])
+    if rt.world_size > 1:
+        torch.distributed.all_reduce(totals)
+    return None if totals[-1] > 0 else totals[:-1]
+
+
 # Dense bfloat16 tensor-core FLOP/s (float16 before Ampere) of common GPUs, by a part of their
 # name, longer names first: model FLOPs utilization's denominator.
 PEAK_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "B200": 2250e12}
