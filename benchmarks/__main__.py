@@ -7,6 +7,7 @@ python -m benchmarks train --config small --iters 200 --busy 1   # beside a busy
 python -m benchmarks sample --config small       # decoding tokens/s, eager and compiled
 python -m benchmarks sample --config gpt2 --modes eager,transformers --temperature 0 --tokens 100
 python -m benchmarks time-to-loss --config small # whole `python train.py` runs: wall s, val loss
+python -m benchmarks max-time --config small --max-time 20   # the share of a run in its steps
 python -m benchmarks gpu                         # pytest -m cuda, GPT-2's step, shakespeare_gpu
 """
 
@@ -42,11 +43,13 @@ def main(argv=None) -> None:
     times = sub.add_parser("time-to-loss", help="whole train.py runs: wall seconds and val loss")
     times.add_argument("--config", default="small")
     times.add_argument("--runs", type=int, default=1)
+    share = sub.add_parser("max-time", help="the share of a run's printed time in its steps")
+    share.add_argument("--config", default="small")
     on_gpu = sub.add_parser("gpu", help="one GPU: the cuda tests, GPT-2's step, shakespeare_gpu")
     on_gpu.add_argument("--iters", type=int, default=30, help="GPT-2 steps (the last 5 timed)")
     on_gpu.add_argument("--nanogpt", help="nanoGPT's repository: its bench.py runs beside ours")
     args, extra = p.parse_known_args(argv)  # train and time-to-loss pass other flags to train.py
-    if extra and args.command not in ("train", "time-to-loss"):
+    if extra and args.command not in ("train", "time-to-loss", "max-time"):
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "size":
         size.main()
@@ -55,7 +58,8 @@ def main(argv=None) -> None:
     elif args.command == "gpu":
         gpu.main(args)
     else:
-        (runs.train if args.command == "train" else runs.time_to_loss)(args, extra)
+        run_ = {"train": runs.train, "time-to-loss": runs.time_to_loss, "max-time": runs.share}
+        run_[args.command](args, extra)
 
 
 if __name__ == "__main__":

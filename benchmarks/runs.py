@@ -95,3 +95,50 @@ def time_to_loss(args, extra: list[str]) -> None:
                 "val_loss": last.get("val_loss"),
             }
         )
+
+
+def share(args, extra: list[str]) -> None:
+    """A train.py run in this process, stamped where its steps start and end: the share of the time
+    from its first printed line to its last that went to training steps (the rest: start-up, the
+    final eval, the save, the plot and the sample)."""
+    import train as trainer
+    from configs import parse_args
+    from data.loader import Batches
+
+    stamps, setup, evaluate = {}, trainer.setup, trainer.evaluate
+
+    def stamped_setup(cfg):  # the first line is printed right after it
+        rt = setup(cfg)
+        stamps["first_line"] = time.time()
+        return rt
+
+    class Stamped(Batches):
+        def __call__(self, step):
+            stamps.setdefault("first_step", time.time())
+            return super().__call__(step)
+
+    def stamped_evaluate(*args):  # the first eval after the steps: the final one
+        stamps.setdefault("steps_end", time.time())
+        return evaluate(*args)
+
+    trainer.setup, trainer.Batches, trainer.evaluate = stamped_setup, Stamped, stamped_evaluate
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = parse_args(["--config", args.config, "--out-dir", tmp, *extra])
+        result = trainer.train(cfg)
+    end = time.time()
+    emit(
+        {
+            "bench": "max-time",
+            "config": args.config,
+            "flags": " ".join(extra),
+            "dtype": str(device_and_dtype(cfg.device, cfg.dtype)[1])[6:],
+            "steps": result["step"],
+            "val_loss": result.get("val_loss"),
+            "printed_s": round(end - stamps["first_line"], 2),
+            "start_s": round(stamps["first_step"] - stamps["first_line"], 2),
+            "end_s": round(end - stamps["steps_end"], 2),
+            "in_steps": round(
+                (stamps["steps_end"] - stamps["first_step"]) / (end - stamps["first_line"]), 3
+            ),
+        }
+    )

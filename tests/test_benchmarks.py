@@ -37,6 +37,7 @@ SHRUNK = {  # documented command -> the flags added here
     "python -m benchmarks sample --config gpt2 --modes eager,transformers --temperature 0 "
     "--tokens 100": ["--tokens", "1"],
     "python -m benchmarks time-to-loss --config small": ["--max-iters", "2", *TINY],
+    "python -m benchmarks max-time --config small --max-time 20": ["--max-time", "5", *TINY],
     "python -m benchmarks gpu": [],  # here: the one line that says it needs a GPU
 }
 
@@ -72,7 +73,7 @@ def test_benchmark(command, tmp_path, data_root, monkeypatch, capsys):
     assert all(v is None or v == v for r in records for v in r.values() if isinstance(v, float))
 
 
-@pytest.mark.parametrize("command", ["size", "train", "sample", "time-to-loss", "gpu"])
+@pytest.mark.parametrize("command", ["size", "train", "sample", "time-to-loss", "max-time", "gpu"])
 def test_every_benchmarks_help_prints(command, capsys):
     with pytest.raises(SystemExit) as e:
         main([command, "--help"])
