@@ -422,7 +422,11 @@ def train(cfg: TrainConfig) -> dict:
                         from training.plot import plot_losses
 
                         plot_losses(run_dir)
-                        scores = ", ".join(f"{k} {v:.4f}" for k, v in losses.items())
+                        shown = [
+                            f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                            for k, v in losses.items()
+                        ]
+                        scores = ", ".join(shown)
                         tqdm.write(f"step {state.step}: {scores}" + " (best)" * improved)
                 evaluating += time.time() - t0
                 logged_time += time.time() - t0  # the steps' speed, as logged, leaves evals out

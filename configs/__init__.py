@@ -172,7 +172,8 @@ class TrainConfig(GPTConfig):
             if choices and value not in choices:
                 raise UserError(f"{flag(name)} {value!r}: choose one of {', '.join(choices)}")
             if not choices and not (type(value) is kind or kind is float and type(value) is int):
-                raise UserError(f"{flag(name)} {value!r}: expected a {kind.__name__}")
+                article = "an" if kind is int else "a"
+                raise UserError(f"{flag(name)} {value!r}: expected {article} {kind.__name__}")
             if kind in (int, float) and not 0 <= value < math.inf:
                 raise UserError(f"{flag(name)} {value!r}: expected a finite number, at least 0")
         if min(self.n_layer, self.n_head, self.n_embd, self.block_size, self.batch_size) < 1:

@@ -160,9 +160,19 @@ def prepare(
     saved = out / "manifest.json"  # up to date: its settings hold the wanted ones
     up_to_date = lambda: saved.is_file() and want.items() <= json.loads(saved.read_text()).items()
     if up_to_date() and not force:
+        if not quiet:
+            print(f"{name}: up to date in {out}")
         return out
     if out.is_file() or out.is_dir() and set(os.listdir(out)) - DATASET_FILES:
         raise UserError(f"{out} is not a dataset's folder; give another name, or another folder")
+    # Another source or tokenizer under the same name is not taken for an edit of the same text:
+    # the runs trained on the dataset could not resume.
+    old = json.loads(saved.read_text()) if saved.is_file() and name not in PRESETS else want
+    if (old["source"], old["tokenizer"]) != (want["source"], want["tokenizer"]) and not force:
+        raise UserError(
+            f"{out} holds dataset {name} of other text or another tokenizer; give --force to "
+            "replace it (its runs can then not resume), or another name"
+        )
 
     # the token files, built in a folder beside the dataset's and then swapped in whole: a prepare
     # that fails or is killed leaves the dataset as it was. One prepare at a time: another waits
@@ -201,8 +211,8 @@ def prepare(
 
 def dataset_dir(name: str, root: str, quiet: bool = False) -> Path:
     """Where dataset `name` is: a preset is prepared on first use, any other must be already."""
-    if name in PRESETS:
-        return prepare(name, root=root, quiet=quiet)
+    if name in PRESETS:  # a run says nothing of a dataset prepared before
+        return prepare(name, root=root, quiet=quiet or Path(root, name, "manifest.json").is_file())
     if not (Path(root, name) / "manifest.json").is_file():
         how = f"python -m data.prepare {name} --text FILE (or --files, --hf)"
         near = difflib.get_close_matches(name, PRESETS, 1)

@@ -37,6 +37,8 @@ def documents(files=None, hf=None, subset=None, split="train", text_column="text
     datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False  # else reading a local file pings a server
     datasets.disable_progress_bars()  # data.prepare shows its own, after the source is checked
     if files:
+        if missing := [f for f in files if not Path(f).is_file()]:
+            raise UserError(f"--files {missing[0]}: no such file")
         # A file's format is its suffix, less a compression's: x.jsonl.gz is json.
         suffixes = {
             Path(f.removesuffix(Path(f).suffix) if f.endswith(COMPRESSED) else f).suffix

@@ -50,7 +50,7 @@ def load_checkpoint(path) -> dict:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         GPTConfig(**checkpoint["model_config"])
     except Exception as e:
-        why = str(e).splitlines()[0][:120]
+        why = (str(e) or type(e).__name__).splitlines()[0][:120]  # an empty file's has no text
         raise UserError(f"{path} is not a checkpoint of this project ({why})") from None
     return checkpoint
 

@@ -233,6 +233,8 @@ def run(command: str, shrink: bool, capsys, monkeypatch) -> tuple[int, str]:
             code = sample.main([*args, "--max-new-tokens", "4", "--device", "cpu"]) or 0
         else:
             main = {"model": model_main, "model.hf": hf_main, "data.prepare": prepare_main}[script]
+            if script == "data.prepare" and "--help" not in args:  # over the fixture's datasets
+                args = [*args, "--force"]
             code = main(args) or 0
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -219,9 +219,9 @@ def test_an_unknown_key_in_a_file_is_one_line_with_a_did_you_mean(tmp_path):
 @pytest.mark.parametrize(
     "line, message",
     [
-        ('max_iters = "5"', "--max-iters '5': expected a int"),
-        ("max_iters = 1.5", "--max-iters 1.5: expected a int"),
-        ("max_iters = true", "--max-iters True: expected a int"),
+        ('max_iters = "5"', "--max-iters '5': expected an int"),
+        ("max_iters = 1.5", "--max-iters 1.5: expected an int"),
+        ("max_iters = true", "--max-iters True: expected an int"),
         ("lr = true", "--lr True: expected a float"),
         ("compile = 1", "--compile 1: expected a bool"),
         ("name = 3", "--name 3: expected a str"),

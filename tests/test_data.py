@@ -185,7 +185,7 @@ def test_a_text_file_is_named_by_its_stem_and_split_by_characters(tmp_path):
     assert decoded(folder) == text
     assert CharTokenizer(m["chars"]).decode(split_ids(folder, "val")) == text[666:]
 
-    (tmp_path / "book.v2.txt").write_text(text.upper())  # other bytes: prepared again
+    (tmp_path / "book.v2.txt").write_text(text.upper())  # an edit, other bytes: prepared again
     prepare(text=str(tmp_path / "book.v2.txt"), tokenizer="char", root=str(tmp_path), quiet=True)
     assert decoded(folder) == text.upper()
 
@@ -410,7 +410,9 @@ def test_a_prepare_that_dies_midway_leaves_the_old_dataset_whole(tmp_path, monke
 
     monkeypatch.setattr("data.prepare.write_tokens", dies_at_val)
     with pytest.raises(OSError, match="No space left"):
-        prepare("d", text=str(tmp_path / "new" / where), tokenizer="char", root=str(root))
+        prepare(
+            "d", text=str(tmp_path / "new" / where), tokenizer="char", root=str(root), force=True
+        )
     assert not (root / ".d.tmp").exists()  # what it built, beside the dataset, went with it
     assert {k: v for k, v in tree(root).items() if k.startswith("d/")} == {
         k: v for k, v in before.items() if k.startswith("d/")
@@ -418,7 +420,7 @@ def test_a_prepare_that_dies_midway_leaves_the_old_dataset_whole(tmp_path, monke
     assert decoded(folder) == old
 
     monkeypatch.undo()
-    prepare("d", text=str(tmp_path / "new" / where), tokenizer="char", root=str(root))
+    prepare("d", text=str(tmp_path / "new" / where), tokenizer="char", root=str(root), force=True)
     assert decoded(folder) == (tmp_path / "new" / "t.txt").read_text() + (
         "\n\n" if where == "" else ""
     )
@@ -703,3 +705,30 @@ def test_a_split_of_one_window_works_and_a_shorter_one_is_a_user_error(tmp_path)
         with pytest.raises(UserError) as e:
             eval_batches(path, block_size, 1, "cpu")
         assert str(e.value) == message
+
+
+def test_a_dataset_of_other_text_or_tokenizer_is_replaced_only_with_force(tmp_path, capsys):
+    for d, text in ("d1", "some text\n" * 40), ("d2", "other words\n" * 40):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "input.txt").write_text(text)
+    root = str(tmp_path / "prepared")
+    prepare(text=str(tmp_path / "d1" / "input.txt"), tokenizer="char", root=root)
+    prepare(text=str(tmp_path / "d1" / "input.txt"), tokenizer="char", root=root)
+    assert capsys.readouterr().out.splitlines()[-1] == f"input: up to date in {root}/input"
+    before = tree(tmp_path / "prepared" / "input")
+    for other in (
+        dict(text=str(tmp_path / "d2" / "input.txt"), tokenizer="char"),
+        dict(text=str(tmp_path / "d1" / "input.txt"), tokenizer="gpt2"),
+    ):
+        with pytest.raises(
+            UserError, match="holds dataset input of other text or another tokenizer; give --force"
+        ):
+            prepare(root=root, **other)
+        assert tree(tmp_path / "prepared" / "input") == before
+    prepare(text=str(tmp_path / "d2" / "input.txt"), tokenizer="char", root=root, force=True)
+    assert decoded(tmp_path / "prepared" / "input") == "other words\n" * 40
+
+
+def test_files_naming_a_file_that_does_not_exist_is_one_line(tmp_path):
+    with pytest.raises(UserError, match=r"^--files .*nothing\.jsonl: no such file$"):
+        prepare("x", files=[str(tmp_path / "nothing.jsonl")], root=str(tmp_path))

@@ -469,3 +469,9 @@ def test_a_val_split_too_short_for_one_window_is_one_line_before_any_step(tmp_pa
         and "val.bin holds 30 tokens, not a block of 32 and one more" in line
     )
     assert not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+def test_an_empty_checkpoint_is_one_line(tmp_path):
+    (tmp_path / "x.pt").write_bytes(b"")
+    line = one_error_line(in_process(sample.main, "--out-dir", tmp_path / "x.pt", "--prompt", "a"))
+    assert line.startswith(f"error: {tmp_path / 'x.pt'} is not a checkpoint of this project (")

@@ -7,6 +7,7 @@ transformers' logits, on one process or two; train.py scores at eval-only and du
 import json
 import math
 import os
+import re
 import time
 from dataclasses import replace
 
@@ -413,3 +414,10 @@ def test_under_torchrun_the_ranks_share_the_scoring_so_none_waits_past_a_short_t
     evals = [r for r in evals if "val_loss" in r]
     assert [r["step"] for r in evals] == [1]
     assert [r["hellaswag_items"] for r in evals] == [5 * copies]  # each counted once
+
+
+def test_the_eval_line_prints_the_item_count_as_a_count(tmp_path, data_root, capsys):
+    train.train(
+        tiny(tmp_path, data_root, max_iters=2, eval_interval=2, hellaswag=char_items(tmp_path))
+    )
+    assert re.search(r"step 2: val_loss .*, hellaswag_items 5 \(best\)\n", capsys.readouterr().out)
