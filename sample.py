@@ -100,6 +100,11 @@ def main(argv=None) -> None:
         checkpoint = load_checkpoint(args.out_dir)
         model, manifest = model_from(checkpoint), checkpoint["manifest"]
     tok = tokenizer(manifest, model.config.vocab_size)
+    if not all(p.isfinite().all() for p in model.parameters()):
+        raise UserError(
+            f"{args.init_from or args.out_dir}: its weights hold nan or inf; sample an earlier "
+            "checkpoint of the run"
+        )
     device, dtype = device_and_dtype(args.device, args.dtype)
     if device == "cpu" and model.config.n_embd <= 256:
         # A small model's time goes to its many tiny ops, which more threads and bfloat16's
@@ -117,6 +122,8 @@ def main(argv=None) -> None:
     generator.manual_seed(args.seed) if args.seed is not None else generator.seed()
 
     # each prompt's samples, decoded as a batch: one streams, several print under a header each
+    if "-" in (args.prompt or []) and sys.stdin is None:
+        raise UserError("--prompt - reads stdin, which is closed; give the prompt as text")
     prompts = [sys.stdin.read() if p == "-" else unescape(p) for p in args.prompt or [""]]
     stops = [unescape(s) for s in args.stop]
     alone = len(prompts) * args.num_samples == 1

@@ -51,7 +51,8 @@ def run(main) -> None:
     if hasattr(signal, "SIGPIPE"):  # not on Windows
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     for stream in sys.stdout, sys.stderr:
-        stream.reconfigure(errors="backslashreplace")
+        if stream is not None:  # closed by the shell (>&-): print() then writes nowhere
+            stream.reconfigure(errors="backslashreplace")
     try:
         sys.exit(main())
     except (UserError, RuntimeError) as e:
@@ -234,7 +235,12 @@ def load_config(name: str) -> TrainConfig:
     if path.name == "config.json":  # a run's: its folder is where it is now, moved or copied
         values["out_dir"] = str(path.parent)
     try:
-        base = load_config(str(values.pop("base"))) if "base" in values else TrainConfig()
+        base = str(values.pop("base", ""))  # a preset, or a file beside this one
+        base = (
+            load_config(base if base in PRESETS else str(path.parent / base))
+            if base
+            else TrainConfig()
+        )
     except RecursionError:
         raise UserError(f"{path}: its base is itself, or a base of its base") from None
     names = [f.name for f in fields(TrainConfig)]

@@ -441,3 +441,12 @@ def test_a_gpu_preset_holds_its_tokens_a_step_whatever_the_number_of_gpus(name):
     """Without tokens_per_step, torchrun on 8 GPUs would train on 8 times the preset's batch."""
     cfg = load_config(name)
     assert cfg.tokens_per_step >= cfg.batch_size * cfg.block_size
+
+
+def test_a_base_file_is_found_beside_the_file_that_names_it(tmp_path, monkeypatch):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "b1.toml").write_text('base = "tiny"\nlr = 0.005\n')
+    (tmp_path / "runs" / "b2.toml").write_text('base = "b1.toml"\nmax_iters = 7\n')
+    monkeypatch.chdir(tmp_path)  # not runs/: the base is looked up beside b2.toml
+    cfg = load_config("runs/b2.toml")
+    assert (cfg.lr, cfg.max_iters, cfg.n_embd) == (0.005, 7, 16)

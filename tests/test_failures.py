@@ -7,6 +7,7 @@ Most tests run train.py or sample.py as a user does (conftest.script); out of me
 this process, around configs.run as the scripts call it.
 """
 
+import math
 import os
 import re
 import resource
@@ -475,3 +476,37 @@ def test_an_empty_checkpoint_is_one_line(tmp_path):
     (tmp_path / "x.pt").write_bytes(b"")
     line = one_error_line(in_process(sample.main, "--out-dir", tmp_path / "x.pt", "--prompt", "a"))
     assert line.startswith(f"error: {tmp_path / 'x.pt'} is not a checkpoint of this project (")
+
+
+@pytest.mark.parametrize(
+    "shell, error",
+    [
+        ("python sample.py --out-dir RUN --max-new-tokens 5 >&-", None),  # stdout closed
+        (
+            "python sample.py --out-dir RUN --prompt - <&-",
+            "--prompt - reads stdin, which is closed",
+        ),
+        (
+            "WORLD_SIZE=2 python train.py --config tiny --device cpu --out-dir RUN2",
+            "WORLD_SIZE=2 is set",
+        ),
+        ("python sample.py --out-dir NAN --max-new-tokens 5", "its weights hold nan or inf"),
+    ],
+)
+def test_closed_streams_a_stray_world_size_and_nan_weights_are_one_line_or_none(
+    shell, error, tmp_path, trained
+):
+    checkpoint = load_checkpoint(trained)
+    checkpoint["model"]["transformer.wte.weight"][0, 0] = math.nan
+    torch.save(checkpoint, tmp_path / "nan.pt")
+    shell = shell.replace("python", shlex.quote(sys.executable)).replace(
+        "RUN2", str(tmp_path / "r")
+    )
+    shell = shell.replace("RUN", str(trained)).replace("NAN", str(tmp_path / "nan.pt"))
+    proc = subprocess.run(
+        ["bash", "-c", shell], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    if error is None:
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    else:
+        assert error in one_error_line(proc)

@@ -59,6 +59,8 @@ def setup(cfg) -> Runtime:
     seed; and, when torchrun started this process, join its group (NCCL on GPUs, gloo on CPUs)."""
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if world_size > 1 and "MASTER_ADDR" not in os.environ:
+        raise UserError(f"WORLD_SIZE={world_size} is set without torchrun; start with torchrun")
     device, dtype = device_and_dtype(cfg.device, cfg.dtype)
     gpu = device == "cuda"
     # torch.compile makes a CPU's kernels with a C++ compiler, which many Windows and macOS machines
