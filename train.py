@@ -29,7 +29,7 @@ import torch
 from filelock import FileLock, Timeout
 from tqdm import tqdm
 
-from configs import TrainConfig, UserError, parse_args, replacing, run, settings
+from configs import TrainConfig, UserError, load_config, parse_args, replacing, run, settings
 from data.loader import Batches, eval_batches, windows
 from data.prepare import dataset_dir
 from data.tokenizer import tokenizer
@@ -122,8 +122,13 @@ def train(cfg: TrainConfig) -> dict:
         # run, or its user, filled
         run_dir = cfg.run_dir
         if master and not cfg.eval_only:
-            others = os.listdir(run_dir) if run_dir.is_dir() else []
-            others = sorted(n for n in others if n[0] != "." and n not in RUN_FILES)
+            names = os.listdir(run_dir) if run_dir.is_dir() else []
+            others = sorted(n for n in names if n[0] != "." and n not in RUN_FILES)
+            if "config.json" in names and "ckpt.pt" not in names:  # a run's settings, or a user's?
+                try:
+                    load_config(str(run_dir / "config.json"))
+                except UserError:
+                    others.append("config.json")
             if not cfg.resume and others:
                 raise UserError(
                     f"{run_dir} holds files no run wrote ({', '.join(others[:3])}); "

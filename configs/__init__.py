@@ -225,6 +225,8 @@ def load_config(name: str) -> TrainConfig:
         if not isinstance(values, dict):  # a JSON list or number
             raise ValueError("its settings are not a table")
     except (OSError, ValueError) as e:  # no such file, or neither TOML nor JSON
+        if path.name == "config.json" and path.is_file():  # a run's, which no flag named
+            raise UserError(f"{path} is damaged ({e}); put the run's config.json back") from None
         near = difflib.get_close_matches(path.stem, PRESETS, 1)
         hint = f"did you mean --config {near[0]}? " if near else ""
         raise UserError(
@@ -247,7 +249,10 @@ def load_config(name: str) -> TrainConfig:
     for key in values.keys() - set(names):
         hint = "".join(f"; did you mean {h!r}?" for h in difflib.get_close_matches(key, names, 1))
         raise UserError(f"{path}: unknown setting {key!r}{hint}")
-    return replace(base, **values)
+    try:
+        return replace(base, **values)
+    except UserError as e:  # a run's settings name their file; a flag's, the flag
+        raise UserError(f"{path}: {e}" if path.name == "config.json" else str(e)) from None
 
 
 def parse_args(argv=None, doc: str = "") -> TrainConfig:

@@ -510,3 +510,27 @@ def test_closed_streams_a_stray_world_size_and_nan_weights_are_one_line_or_none(
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     else:
         assert error in one_error_line(proc)
+
+
+def test_a_users_own_config_json_in_the_out_dir_is_not_taken_for_a_runs(tmp_path, data_root):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text('{"mine": true}')
+    line = one_error_line(in_process(train.main, *tiny_args(tmp_path, data_root)))
+    assert line.endswith("holds files no run wrote (config.json); pick another --out-dir")
+    assert (tmp_path / "run" / "config.json").read_text() == '{"mine": true}'
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{broken", "config.json is damaged (Expecting property name"),
+        ('{"max_iters": "80"}', "config.json: --max-iters '80': expected an int"),
+    ],
+)
+def test_a_damaged_config_json_on_resume_names_the_file_not_a_flag(
+    tmp_path, trained, text, message
+):
+    shutil.copytree(trained, tmp_path / "run")
+    (tmp_path / "run" / "config.json").write_text(text)
+    line = one_error_line(in_process(train.main, "--out-dir", tmp_path / "run", "--resume"))
+    assert line.startswith(f"error: {tmp_path / 'run'}/{message}") and "--config" not in line
