@@ -207,8 +207,7 @@ def train(cfg: TrainConfig) -> dict:
 
             def score_hellaswag(stopped):  # the file is read afresh each time
                 items = hellaswag.load_items(cfg.hellaswag, tok)
-                batch_size = cfg.eval_batch_size or cfg.batch_size
-                return hellaswag.score(model, items, rt, batch_size, tok.vocab_size, stopped)
+                return hellaswag.score(model, items, rt, eval_rows, tok.vocab_size, stopped)
 
         if cfg.eval_only:
             losses = evaluate(model, data_dir, cfg, rt, whole_val)  # Ctrl-C: 130
@@ -374,9 +373,8 @@ def train(cfg: TrainConfig) -> dict:
             # twentieth of a --max-time budget (an eval reads about twice the rows a second that a
             # step trains), and a second for the save, the plot and the sample. Under torchrun the
             # processes agree on it, and on the eval's size, in one collective.
-            step_seconds = (time.time() - loop_started - evaluating) / max(
-                1, state.step - first_step
-            )
+            steps_run = max(1, state.step - first_step)
+            step_seconds = (time.time() - loop_started - evaluating) / steps_run
             eval_batches, eval_seconds = cfg.eval_iters or whole_val, 0.0
             if cfg.max_time and state.step > first_step:
                 row_seconds = step_seconds * cfg.block_size / (2 * tokens_a_step)
