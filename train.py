@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from configs import TrainConfig, UserError, load_config, parse_args, replacing, run, settings
 from data.loader import Batches, eval_batches, windows
-from data.prepare import dataset_dir
+from data.prepare import dataset_dir, read_manifest
 from data.tokenizer import tokenizer
 from model.checkpoint import (
     checkpoint_file,
@@ -157,7 +157,7 @@ def train(cfg: TrainConfig) -> dict:
         data_dir = dataset_dir(cfg.dataset, cfg.data_root, quiet=not master)
         if ddp and rt.local_rank == 0:
             torch.distributed.barrier()
-        manifest = json.loads((data_dir / "manifest.json").read_text())
+        manifest = read_manifest(data_dir)
 
         # model: fresh, from --init-from's weights, or the checkpoint's on --resume, which took its
         # settings from the run's config.json
@@ -243,14 +243,14 @@ def train(cfg: TrainConfig) -> dict:
             if master and (metrics := run_dir / "metrics.jsonl").is_file():
                 # An eval at the checkpoint's own step is run again unless the checkpoint holds it.
                 kept = []
-                for line in metrics.read_text().splitlines():
-                    try:
+                for line in metrics.read_text(errors="replace").splitlines():
+                    try:  # a line cut short by a kill, or damaged, is dropped
                         r = json.loads(line)
-                    except ValueError:  # a line cut short by a kill
-                        continue
-                    again = "val_loss" in r and state.evaluated != state.step
-                    if r["step"] < state.step or r["step"] == state.step and not again:
-                        kept.append(line)
+                        again = "val_loss" in r and state.evaluated != state.step
+                        if r["step"] < state.step or r["step"] == state.step and not again:
+                            kept.append(line)
+                    except (ValueError, TypeError, KeyError):
+                        pass
                 with replacing(metrics) as tmp:
                     tmp.write_text("".join(line + "\n" for line in kept))
             del checkpoint

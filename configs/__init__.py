@@ -238,6 +238,11 @@ def load_config(name: str) -> TrainConfig:
         values["out_dir"] = str(path.parent)
     try:
         base = str(values.pop("base", ""))  # a preset, or a file beside this one
+        if base and base not in PRESETS and not (path.parent / base).is_file():
+            raise UserError(
+                f"{path}: base {base!r} is neither a preset ({', '.join(PRESETS)}) nor a file "
+                "beside it"
+            )
         base = (
             load_config(base if base in PRESETS else str(path.parent / base))
             if base

@@ -14,6 +14,7 @@ already prepared from the same bytes is reused; --force prepares it again.
 """
 
 import difflib
+import glob
 import hashlib
 import itertools
 import json
@@ -142,7 +143,12 @@ def prepare(
     if one_text:
         source, hashed, read = {"text": str(one_text)}, sha256([one_text]), None
     elif text:
-        paths = sorted(Path(text).rglob("*.txt"))
+        if not Path(text).exists():
+            raise UserError(f"--text {text}: no such file or folder")
+        # glob follows a symlinked folder, where Path.rglob (before Python 3.13) skips it
+        paths = sorted(
+            map(Path, glob.glob(os.path.join(glob.escape(text), "**", "*.txt"), recursive=True))
+        )
         if not paths:
             raise UserError(
                 f"{text} holds no .txt files; give --text a text file or a folder of them"
@@ -157,18 +163,20 @@ def prepare(
     want = dict(version=VERSION, tokenizer=tokenizer, val_fraction=val_fraction, source=source)
     if hashed:
         want["sha256"] = hashed
+    if out.is_file() or out.is_dir() and set(os.listdir(out)) - DATASET_FILES:
+        raise UserError(f"{out} is not a dataset's folder; give another name, or another folder")
     saved = out / "manifest.json"  # up to date: its settings hold the wanted ones
-    up_to_date = lambda: saved.is_file() and want.items() <= json.loads(saved.read_text()).items()
-    if up_to_date() and not force:
+    up_to_date = lambda: (
+        saved.is_file() and not force and want.items() <= read_manifest(out).items()
+    )
+    if up_to_date():
         if not quiet:
             print(f"{name}: up to date in {out}")
         return out
-    if out.is_file() or out.is_dir() and set(os.listdir(out)) - DATASET_FILES:
-        raise UserError(f"{out} is not a dataset's folder; give another name, or another folder")
     # Another source or tokenizer under the same name is not taken for an edit of the same text:
     # the runs trained on the dataset could not resume.
-    old = json.loads(saved.read_text()) if saved.is_file() and name not in PRESETS else want
-    if (old["source"], old["tokenizer"]) != (want["source"], want["tokenizer"]) and not force:
+    old = read_manifest(out) if saved.is_file() and name not in PRESETS and not force else want
+    if (old["source"], old["tokenizer"]) != (want["source"], want["tokenizer"]):
         raise UserError(
             f"{out} holds dataset {name} of other text or another tokenizer; give --force to "
             "replace it (its runs can then not resume), or another name"
@@ -179,7 +187,7 @@ def prepare(
     # for it, then finds the dataset prepared (under torchrun, nodes that share a folder).
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(out.with_name(f".{name}.lock")):  # it dies with its process
-        if up_to_date() and not force:
+        if up_to_date():
             return out
         with replacing(out) as tmp:
             tmp.mkdir()
@@ -190,7 +198,8 @@ def prepare(
                 tok, counts, docs_hash = write_documents(read, tokenizer, tmp, val_fraction, quiet)
                 hashed = hashed or docs_hash
             if not (counts["train"] and counts["val"]):
-                raise UserError(f"{name}: too little text for a train and a val split; give more")
+                given = one_text or text or (files or [hf])[0]
+                raise UserError(f"{given}: too little text for a train and a val split; give more")
             manifest = {
                 **want,
                 "name": name,
@@ -207,6 +216,20 @@ def prepare(
             f"{counts['train']:,} train and {counts['val']:,} val tokens in {out}"
         )
     return out
+
+
+def read_manifest(folder) -> dict:
+    """A prepared dataset's manifest.json, or one line saying that it is damaged."""
+    path = Path(folder, "manifest.json")
+    try:
+        manifest = json.loads(path.read_text())
+        if not isinstance(manifest, dict) or "vocab_size" not in manifest:
+            raise ValueError("not a dataset's manifest")
+    except ValueError as e:  # not UTF-8 too
+        raise UserError(
+            f"{path} is damaged ({e}); prepare {path.parent.name} again, with --force"
+        ) from None
+    return manifest
 
 
 def dataset_dir(name: str, root: str, quiet: bool = False) -> Path:

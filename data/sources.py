@@ -13,10 +13,11 @@ FORMATS = {".txt": "text", ".parquet": "parquet", ".jsonl": "json", ".json": "js
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
 
 
-def column(rows, name: str, where: str):
-    """The non-empty texts in a column of a datasets (Iterable)Dataset, read by batches of rows."""
+def column(load, name: str, where: str):
+    """The non-empty texts in a column of the datasets (Iterable)Dataset that load() returns, read
+    by batches of rows."""
     try:
-        for batch in rows.iter(batch_size=1024):
+        for batch in load().iter(batch_size=1024):
             if name not in batch:
                 columns = ", ".join(batch)
                 raise UserError(
@@ -28,6 +29,11 @@ def column(rows, name: str, where: str):
                 yield text
     except UnicodeError:  # UnicodeDecodeError too
         raise UserError(f"{where} is not UTF-8 (UTF-16? Latin-1?); save it as UTF-8") from None
+    except UserError:
+        raise
+    except Exception as e:  # pyarrow's, pandas' or datasets' own, for a file empty or damaged
+        why = (str(e) or type(e).__name__).splitlines()[0]
+        raise UserError(f"cannot read {where} ({why}); check the file, or give another") from None
 
 
 def documents(files=None, hf=None, subset=None, split="train", text_column="text", streaming=False):
@@ -53,7 +59,7 @@ def documents(files=None, hf=None, subset=None, split="train", text_column="text
         load = lambda: datasets.load_dataset(
             builder, data_files=list(files), split="train", streaming=True, **options
         )
-        return lambda: column(load(), text_column, files[0]), {
+        return lambda: column(load, text_column, files[0]), {
             "files": list(files),
             "text_column": text_column,
         }
@@ -79,4 +85,4 @@ def documents(files=None, hf=None, subset=None, split="train", text_column="text
     except Exception as e:
         raise UserError(f"cannot read --hf {hf}: {str(e).splitlines()[0]}") from None
     source = {"hf": hf, "subset": subset, "split": split, "text_column": text_column}
-    return lambda: column(load(), text_column, hf), source
+    return lambda: column(load, text_column, hf), source

@@ -158,9 +158,10 @@ def export(run_dir: str, out: str) -> Path:
         }
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
         if eot is None:  # a token per character, joined back without spaces
+            # A character outside the vocabulary is refused, as ours refuses it: "[UNK]" is none.
             chars = manifest["chars"]
             tok = Tokenizer(
-                models.WordLevel({ch: i for i, ch in enumerate(chars)}, unk_token=chars[0])
+                models.WordLevel({ch: i for i, ch in enumerate(chars)}, unk_token="[UNK]")
             )
             tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
             tok.decoder = decoders.Fuse()

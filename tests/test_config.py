@@ -450,3 +450,7 @@ def test_a_base_file_is_found_beside_the_file_that_names_it(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)  # not runs/: the base is looked up beside b2.toml
     cfg = load_config("runs/b2.toml")
     assert (cfg.lr, cfg.max_iters, cfg.n_embd) == (0.005, 7, 16)
+    (tmp_path / "runs" / "b1.toml").unlink()
+    with pytest.raises(UserError) as e:  # blamed on the file that names it
+        load_config("runs/b2.toml")
+    assert str(e.value).startswith("runs/b2.toml: base 'b1.toml' is neither a preset (")

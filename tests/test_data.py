@@ -236,8 +236,10 @@ def test_files_that_are_not_utf8_are_refused_in_one_line(tmp_path, encoding):
 
 @pytest.mark.parametrize("kind", ["char", "gpt2"])
 def test_a_folder_of_txt_files_is_documents_split_by_tokens(tmp_path, kind):
-    corpus = tmp_path / "corpus"
-    (corpus / "sub").mkdir(parents=True)
+    corpus, elsewhere = tmp_path / "corpus", tmp_path / "elsewhere"
+    corpus.mkdir()
+    elsewhere.mkdir()
+    (corpus / "sub").symlink_to(elsewhere)  # a symlinked folder is read as any other
     for path, doc in zip(["a.txt", "b.txt", "sub/c.txt"], DOCS):
         (corpus / path).write_text(doc)
     (corpus / "notes.md").write_text("not a .txt file")
@@ -383,8 +385,13 @@ def test_too_little_text_for_two_splits_is_refused(tmp_path):
     (tmp_path / "x.txt").write_text("x")
     with pytest.raises(UserError) as e:
         prepare(text=str(tmp_path / "x.txt"), tokenizer="char", root=str(tmp_path), quiet=True)
-    assert str(e.value) == "x: too little text for a train and a val split; give more"
+    assert (
+        str(e.value)
+        == f"{tmp_path / 'x.txt'}: too little text for a train and a val split; give more"
+    )
     assert not (tmp_path / "x").exists()
+    with pytest.raises(UserError, match=r"^--text \S+missing.txt: no such file or folder$"):
+        prepare(text=str(tmp_path / "missing.txt"), root=str(tmp_path), quiet=True)
 
 
 # --- prepare: what it refuses, and what it leaves ---------------------------------------------

@@ -26,6 +26,7 @@ from filelock import FileLock
 import sample
 import train
 from configs import parse_args, run
+from data.prepare import main as prepare_main
 from data.prepare import prepare
 from model.checkpoint import load_checkpoint
 from model.gpt import GPT
@@ -472,12 +473,6 @@ def test_a_val_split_too_short_for_one_window_is_one_line_before_any_step(tmp_pa
     assert not (tmp_path / "run" / "ckpt.pt").exists()
 
 
-def test_an_empty_checkpoint_is_one_line(tmp_path):
-    (tmp_path / "x.pt").write_bytes(b"")
-    line = one_error_line(in_process(sample.main, "--out-dir", tmp_path / "x.pt", "--prompt", "a"))
-    assert line.startswith(f"error: {tmp_path / 'x.pt'} is not a checkpoint of this project (")
-
-
 @pytest.mark.parametrize(
     "shell, error",
     [
@@ -534,3 +529,82 @@ def test_a_damaged_config_json_on_resume_names_the_file_not_a_flag(
     (tmp_path / "run" / "config.json").write_text(text)
     line = one_error_line(in_process(train.main, "--out-dir", tmp_path / "run", "--resume"))
     assert line.startswith(f"error: {tmp_path / 'run'}/{message}") and "--config" not in line
+
+
+DAMAGE = ["empty", "cut short", "another shape", "wrong magic"]
+
+
+def damaged(data: bytes, how: str, kind: str) -> bytes:
+    """A file's bytes, damaged: emptied, cut short, replaced by valid JSON (or a checkpoint) of
+    another shape, or given another file's first bytes (its magic)."""
+    if how == "empty":
+        return b""
+    if how == "cut short":
+        return data[: len(data) // 2]
+    if how == "another shape" and kind.endswith(".pt"):
+        path = Path(os.environ["TMPDIR"]) / "other.pt"
+        torch.save({"model": [1, 2]}, path)
+        return path.read_bytes()
+    if how == "another shape":
+        return b'[{"step": "one"}, 2]\n'
+    return b"\x1f\x8b\x08\x00" + data[4:]  # gzip's magic
+
+
+# Each file the project writes and reads back, and each input file, by the command that reads it.
+# RUN is a 2-step run, DATA its dataset's folder, FILE the input file damaged.
+READ_BY = {
+    "ckpt.pt": ("RUN/ckpt.pt", "train.py --out-dir RUN --resume --data-root DATA/.."),
+    "best.pt": ("RUN/best.pt", "sample.py --out-dir RUN --max-new-tokens 2"),
+    "config.json": ("RUN/config.json", "train.py --out-dir RUN --resume"),
+    "manifest.json": ("DATA/manifest.json", "train.py --out-dir RUN --resume --data-root DATA/.."),
+    "train.bin": ("DATA/train.bin", "train.py --out-dir RUN --resume --data-root DATA/.."),
+    "val.bin": ("DATA/val.bin", "train.py --out-dir RUN --resume --data-root DATA/.."),
+    "metrics.jsonl": ("RUN/metrics.jsonl", "train.py --out-dir RUN --resume --max-iters 3"),
+    "a --config file": ("FILE.toml", "train.py --config FILE.toml"),
+    "a --text file": ("FILE.txt", "-m data.prepare --text FILE.txt --out-root DATA/.."),
+    "a --files file": ("FILE.jsonl", "-m data.prepare --files FILE.jsonl --out-root DATA/.."),
+    "a --hellaswag file": (
+        "FILE.jsonl",
+        "train.py --config RUN --eval-only --hellaswag FILE.jsonl",
+    ),
+}
+# Damage that leaves a file valid: a TOML file may be empty, and text of any length or shape is
+# text. metrics.jsonl is a log: a resume drops its damaged lines, as those a kill cut short.
+VALID = {("a --text file", "another shape"), ("a --text file", "cut short")}
+VALID |= {("metrics.jsonl", how) for how in DAMAGE}
+CASES = [
+    (kind, how) for kind in READ_BY for how in DAMAGE if (kind, how) != ("a --config file", "empty")
+]
+
+
+@pytest.mark.parametrize("kind, how", CASES)
+def test_a_damaged_file_is_one_line_naming_it(tmp_path, trained, root, kind, how):
+    """Every file the project writes and reads back, and every input file: one line naming it."""
+    shutil.copytree(trained, tmp_path / "run")
+    shutil.copytree(root / "mixed", tmp_path / "data" / "mixed")
+    inputs = {
+        "FILE.toml": b'base = "tiny"\nlr_schedule = "cosine"\n',
+        "FILE.txt": MIXED.encode(),
+        "FILE.jsonl": b"".join(b'{"text": "%d a line"}\n' % i for i in range(50)),
+    }
+    if kind == "a --hellaswag file":
+        item = '{"ctx": "a b", "endings": ["a", "b", "c", "d"], "label": 1}\n'
+        inputs["FILE.jsonl"] = item.encode()
+    for name, data in inputs.items():
+        (tmp_path / name).write_bytes(data)
+    where = {
+        "RUN": tmp_path / "run",
+        "DATA": tmp_path / "data" / "mixed",
+        "FILE": tmp_path / "FILE",
+    }
+    path, command = READ_BY[kind]
+    for word, folder in where.items():
+        path, command = path.replace(word, str(folder)), command.replace(word, str(folder))
+    Path(path).write_bytes(damaged(Path(path).read_bytes(), how, kind))
+    program, *argv = command.split()
+    main = {"train.py": train.main, "sample.py": sample.main, "-m": prepare_main}[program]
+    proc = in_process(main, *argv[program == "-m" :])
+    if (kind, how) in VALID:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    else:
+        assert Path(path).name in one_error_line(proc)

@@ -245,6 +245,8 @@ def test_an_exported_char_run_loads_in_transformers_with_our_logits_tokens_and_t
     text = "ROMEO:\nO, speak  again, bright angel!\n\n  What's 3?"
     ids = tok(text).input_ids
     assert ids == ours.encode(text) and tok.decode(ids) == text
+    with pytest.raises(Exception, match="UNK"):  # a character it lacks: refused, as ours does
+        tok("ROMEO: ☃")
     assert len(tok) == 65 and tok.eos_token is None and tok.model_max_length == 32
 
     prompt = "ROMEO:"
