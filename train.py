@@ -122,13 +122,13 @@ def train(cfg: TrainConfig) -> dict:
         # run, or its user, filled
         run_dir = cfg.run_dir
         if master and not cfg.eval_only:
-            names = os.listdir(run_dir) if run_dir.is_dir() else []
-            others = sorted(n for n in names if n[0] != "." and n not in RUN_FILES)
-            if "config.json" in names and "ckpt.pt" not in names:  # a run's settings, or a user's?
+            names, mine = os.listdir(run_dir) if run_dir.is_dir() else [], RUN_FILES
+            if "ckpt.pt" not in names:  # a run's files are those beside a run's config.json
                 try:
                     load_config(str(run_dir / "config.json"))
                 except UserError:
-                    others.append("config.json")
+                    mine = set()
+            others = sorted(n for n in names if n[0] != "." and n not in mine)
             if not cfg.resume and others:
                 raise UserError(
                     f"{run_dir} holds files no run wrote ({', '.join(others[:3])}); "
@@ -144,7 +144,7 @@ def train(cfg: TrainConfig) -> dict:
             except OSError as e:
                 fix = "make it writable to resume it" if cfg.resume else "pick another --out-dir"
                 raise UserError(f"cannot write in {run_dir} ({e.strerror}); {fix}") from None
-            if not cfg.resume and (run_dir / "ckpt.pt").exists():
+            if not cfg.resume and {"ckpt.pt", "best.pt"} & set(names):
                 raise UserError(
                     f"{run_dir} holds a trained run; continue it with --resume, or start "
                     "another with --out-dir"
@@ -158,6 +158,7 @@ def train(cfg: TrainConfig) -> dict:
         if ddp and rt.local_rank == 0:
             torch.distributed.barrier()
         manifest = read_manifest(data_dir)
+        val_windows = windows(data_dir / "val.bin", cfg.block_size)[:: cfg.block_size]
 
         # model: fresh, from --init-from's weights, or the checkpoint's on --resume, which took its
         # settings from the run's config.json
@@ -196,7 +197,6 @@ def train(cfg: TrainConfig) -> dict:
         cfg = replace(cfg, **asdict(model.config))  # the weights bring their shape
         model.to(rt.device)
         eval_rows = cfg.eval_batch_size or cfg.batch_size  # the batches of all of val, if any
-        val_windows = windows(data_dir / "val.bin", cfg.block_size)[:: cfg.block_size]
         whole_val = math.ceil(len(val_windows) / eval_rows)
         score_hellaswag, hellaswag_every = None, cfg.hellaswag_interval or cfg.eval_interval
         hellaswag_rows = 0  # what a --max-time run keeps time for
@@ -240,6 +240,12 @@ def train(cfg: TrainConfig) -> dict:
             if checkpoint["scaler"]:  # empty unless the run trained in float16
                 scaler.load_state_dict(checkpoint["scaler"])
             state = TrainState(**checkpoint["state"])
+            now = settings(cfg)  # a flag typed again, or an edited config.json
+            changed = [
+                f"{k} {v} -> {now[k]}" for k, v in checkpoint["config"].items() if v != now[k]
+            ]
+            if master and (changed := [c for c in changed if not c.startswith("out_dir")]):
+                print(f"settings changed since the checkpoint: {', '.join(changed)}")
             if master and (metrics := run_dir / "metrics.jsonl").is_file():
                 # An eval at the checkpoint's own step is run again unless the checkpoint holds it.
                 kept = []

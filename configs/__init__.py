@@ -298,7 +298,8 @@ def parse_args(argv=None, doc: str = "") -> TrainConfig:
     if cfg.resume and saved.is_file():
         run = replace(load_config(str(saved)), **typed)
         # A preset names the run's folder; a file's settings would be ignored, so must be the run's.
-        mine = ("out_dir", "threads", "resume")  # the folder's, chosen at start-up, this command's
+        # the folder's, chosen at start-up, the data's, this command's
+        mine = ("out_dir", "threads", "vocab_size", "resume")
         other = [f.name for f in fields(run) if f.name not in mine]
         other = [n for n in other if getattr(run, n) != getattr(cfg, n)]
         if given and (run.name != cfg.name or given not in PRESETS and other):

@@ -34,14 +34,18 @@ def write_tokens(path, chunks, vocab_size: int) -> int:
 
 def read_tokens(path) -> np.ndarray:
     """A token file's ids, memory-mapped, once its header agrees with its size."""
-    with open(path, "rb") as f:
-        magic, version, itemsize, count = HEADER.unpack(
-            f.read(HEADER.size).ljust(HEADER.size, b"\0")
-        )
+    fix = "prepare the dataset again, with --force"
+    try:
+        with open(path, "rb") as f:
+            magic, version, itemsize, count = HEADER.unpack(
+                f.read(HEADER.size).ljust(HEADER.size, b"\0")
+            )
+    except OSError as e:  # gone, unreadable, or a folder
+        raise UserError(f"{path}: {e.strerror}; {fix}") from None
     if (magic, version) != (MAGIC, VERSION) or os.path.getsize(
         path
     ) != HEADER.size + itemsize * count:
-        raise UserError(f"{path} is not a whole token file of this version; prepare it again")
+        raise UserError(f"{path} is not a whole token file of this version; {fix}")
     dtype = np.uint16 if itemsize == 2 else np.uint32
     return np.memmap(path, dtype=dtype, mode="r", offset=HEADER.size, shape=(count,))
 
@@ -52,7 +56,7 @@ def windows(path, block_size: int) -> np.ndarray:
     if len(tokens) <= block_size:
         raise UserError(
             f"{path} holds {len(tokens)} tokens, not a block of {block_size} and one more; "
-            "lower --block-size"
+            "lower --block-size, or prepare more text"
         )
     return np.lib.stride_tricks.sliding_window_view(tokens, block_size + 1)
 

@@ -143,16 +143,12 @@ def prepare(
     if one_text:
         source, hashed, read = {"text": str(one_text)}, sha256([one_text]), None
     elif text:
-        if not Path(text).exists():
-            raise UserError(f"--text {text}: no such file or folder")
         # glob follows a symlinked folder, where Path.rglob (before Python 3.13) skips it
-        paths = sorted(
-            map(Path, glob.glob(os.path.join(glob.escape(text), "**", "*.txt"), recursive=True))
-        )
+        found = glob.glob(os.path.join(glob.escape(text), "**", "*.txt"), recursive=True)
+        paths = sorted({p.resolve() for p in map(Path, found) if p.is_file()})  # a loop: once
         if not paths:
-            raise UserError(
-                f"{text} holds no .txt files; give --text a text file or a folder of them"
-            )
+            why = "holds no .txt file" if Path(text).exists() else "no such file or folder"
+            raise UserError(f"--text {text}: {why}; give a text file or a folder of them")
         read = lambda: (utf8(p.read_bytes(), p) for p in paths)
         source, hashed = {"folder": str(text)}, sha256(paths)
     else:
@@ -166,10 +162,8 @@ def prepare(
     if out.is_file() or out.is_dir() and set(os.listdir(out)) - DATASET_FILES:
         raise UserError(f"{out} is not a dataset's folder; give another name, or another folder")
     saved = out / "manifest.json"  # up to date: its settings hold the wanted ones
-    up_to_date = lambda: (
-        saved.is_file() and not force and want.items() <= read_manifest(out).items()
-    )
-    if up_to_date():
+    current = lambda: saved.is_file() and not force and want.items() <= read_manifest(out).items()
+    if current():
         if not quiet:
             print(f"{name}: up to date in {out}")
         return out
@@ -185,9 +179,14 @@ def prepare(
     # the token files, built in a folder beside the dataset's and then swapped in whole: a prepare
     # that fails or is killed leaves the dataset as it was. One prepare at a time: another waits
     # for it, then finds the dataset prepared (under torchrun, nodes that share a folder).
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:  # a file in the way is one line
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(
+            f"cannot make {out.parent}: {e.strerror}; give another --out-root"
+        ) from None
     with FileLock(out.with_name(f".{name}.lock")):  # it dies with its process
-        if up_to_date():
+        if current():
             return out
         with replacing(out) as tmp:
             tmp.mkdir()
@@ -200,15 +199,9 @@ def prepare(
             if not (counts["train"] and counts["val"]):
                 given = one_text or text or (files or [hf])[0]
                 raise UserError(f"{given}: too little text for a train and a val split; give more")
-            manifest = {
-                **want,
-                "name": name,
-                "vocab_size": tok.vocab_size,
-                "sha256": hashed,
-                "chars": getattr(tok, "chars", None),
-                "train_tokens": counts["train"],
-                "val_tokens": counts["val"],
-            }
+            chars = getattr(tok, "chars", None)
+            manifest = want | dict(name=name, vocab_size=tok.vocab_size, sha256=hashed, chars=chars)
+            manifest |= {f"{split}_tokens": n for split, n in counts.items()}  # train, val
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
     if not quiet:
         print(
@@ -223,9 +216,9 @@ def read_manifest(folder) -> dict:
     path = Path(folder, "manifest.json")
     try:
         manifest = json.loads(path.read_text())
-        if not isinstance(manifest, dict) or "vocab_size" not in manifest:
+        if not isinstance(manifest, dict) or {"tokenizer", "vocab_size", "chars"} - manifest.keys():
             raise ValueError("not a dataset's manifest")
-    except ValueError as e:  # not UTF-8 too
+    except (OSError, ValueError) as e:  # unreadable, or not UTF-8
         raise UserError(
             f"{path} is damaged ({e}); prepare {path.parent.name} again, with --force"
         ) from None
@@ -241,8 +234,8 @@ def dataset_dir(name: str, root: str, quiet: bool = False) -> Path:
         near = difflib.get_close_matches(name, PRESETS, 1)
         hint = f"did you mean {near[0]}? " if near else ""
         raise UserError(
-            f"no dataset {name!r} in {root}; {hint}prepare it ({how}), or use a preset: "
-            f"{', '.join(PRESETS)}"
+            f"no dataset {name!r} in {root}; {hint}prepare it ({how}), give the --data-root "
+            f"that holds it, or use a preset: {', '.join(PRESETS)}"
         )
     return Path(root, name)
 

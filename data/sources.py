@@ -24,6 +24,10 @@ def column(load, name: str, where: str):
                     f"{where} has no column {name!r} ({columns}); pick one with --text-column"
                 )
             for text in filter(None, batch[name]):
+                if not isinstance(text, str):
+                    raise UserError(
+                        f"{where}: column {name!r} holds {type(text).__name__}s, not text"
+                    )
                 if "\x00" in text:  # between ASCII letters: UTF-16 or UTF-32 read as UTF-8
                     raise UnicodeError
                 yield text
@@ -42,9 +46,10 @@ def documents(files=None, hf=None, subset=None, split="train", text_column="text
 
     datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False  # else reading a local file pings a server
     datasets.disable_progress_bars()  # data.prepare shows its own, after the source is checked
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors are ours to say
     if files:
         if missing := [f for f in files if not Path(f).is_file()]:
-            raise UserError(f"--files {missing[0]}: no such file")
+            raise UserError(f"--files {missing[0]}: not a file")
         # A file's format is its suffix, less a compression's: x.jsonl.gz is json.
         suffixes = {
             Path(f.removesuffix(Path(f).suffix) if f.endswith(COMPRESSED) else f).suffix

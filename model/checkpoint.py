@@ -48,10 +48,17 @@ def load_checkpoint(path) -> dict:
         raise UserError(f"no checkpoint at {path}; train one first ({hint})")
     try:  # weights_only: loading a file cannot run code that it holds
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        GPTConfig(**checkpoint["model_config"])
+        with torch.device("meta"):  # its weights fit its shape: checked without memory
+            model = GPT(GPTConfig(**checkpoint["model_config"]))
+        shapes = lambda weights: {k: v.shape for k, v in weights.items()}
+        if shapes(model.state_dict()) != shapes(checkpoint["model"]):
+            raise ValueError("its weights are not of its model_config's shapes")
+        checkpoint["manifest"]["vocab_size"]
     except Exception as e:
         why = (str(e) or type(e).__name__).splitlines()[0][:120]  # an empty file's has no text
-        raise UserError(f"{path} is not a checkpoint of this project ({why})") from None
+        raise UserError(
+            f"{path} is not a checkpoint of this project ({why}); give another, or train again"
+        ) from None
     return checkpoint
 
 

@@ -22,6 +22,7 @@ from data.tokenizer import CharTokenizer, GPT2Tokenizer, tokenizer
 
 CORPUS = ROOT / "data" / "corpora" / "tinyshakespeare" / "input.txt"
 DOCS = ["First document.\nIt has two lines.", "Second: café, naïve — ünïcödé!", "third"]
+FIX = "prepare the dataset again, with --force"
 
 
 def split_ids(folder, split: str) -> list[int]:
@@ -119,7 +120,7 @@ def test_a_damaged_token_file_is_a_user_error(tmp_path, damage):
     path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(UserError) as e:
         read_tokens(path)
-    assert str(e.value) == f"{path} is not a whole token file of this version; prepare it again"
+    assert str(e.value) == f"{path} is not a whole token file of this version; {FIX}"
 
 
 # --- prepare: the presets and one text --------------------------------------------------------
@@ -390,7 +391,9 @@ def test_too_little_text_for_two_splits_is_refused(tmp_path):
         == f"{tmp_path / 'x.txt'}: too little text for a train and a val split; give more"
     )
     assert not (tmp_path / "x").exists()
-    with pytest.raises(UserError, match=r"^--text \S+missing.txt: no such file or folder$"):
+    with pytest.raises(
+        UserError, match=r"^--text \S+missing.txt: no such file or folder; give a text"
+    ):
         prepare(text=str(tmp_path / "missing.txt"), root=str(tmp_path), quiet=True)
 
 
@@ -528,7 +531,8 @@ def test_dataset_dir_prepares_a_preset_and_names_the_command_for_another(tmp_pat
         dataset_dir("mine", str(tmp_path))
     assert str(e.value) == (
         f"no dataset 'mine' in {tmp_path}; prepare it (python -m data.prepare mine --text FILE "
-        "(or --files, --hf)), or use a preset: shakespeare_char, shakespeare"
+        "(or --files, --hf)), give the --data-root that holds it, or use a preset: "
+        "shakespeare_char, shakespeare"
     )
     with pytest.raises(UserError, match="^no dataset 'shakespeare-char' in .*; did you mean "):
         dataset_dir("shakespeare-char", str(tmp_path))
@@ -703,9 +707,8 @@ def test_a_split_of_one_window_works_and_a_shorter_one_is_a_user_error(tmp_path)
     ((x, y),) = eval_batches(path, 8, 4, "cpu")
     assert x.tolist() == [list(range(8))] and y.tolist() == [list(range(1, 9))]
     for block_size in 9, 10:
-        message = (
-            f"{path} holds 9 tokens, not a block of {block_size} and one more; lower --block-size"
-        )
+        message = f"{path} holds 9 tokens, not a block of {block_size} and one more; lower --block-"
+        message += "size, or prepare more text"
         with pytest.raises(UserError) as e:
             Batches(path, block_size, 1, 1, 0, 1, seed=0, device="cpu")
         assert str(e.value) == message
@@ -737,5 +740,5 @@ def test_a_dataset_of_other_text_or_tokenizer_is_replaced_only_with_force(tmp_pa
 
 
 def test_files_naming_a_file_that_does_not_exist_is_one_line(tmp_path):
-    with pytest.raises(UserError, match=r"^--files .*nothing\.jsonl: no such file$"):
+    with pytest.raises(UserError, match=r"^--files .*nothing\.jsonl: not a file$"):
         prepare("x", files=[str(tmp_path / "nothing.jsonl")], root=str(tmp_path))
