@@ -358,7 +358,8 @@ def train(cfg: TrainConfig) -> dict:
 
         def request_stop(signum, frame):
             requests.append(signum)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            if signal.getsignal(signal.SIGINT) is request_stop:  # not if the job ignores it
+                signal.signal(signal.SIGINT, signal.default_int_handler)
 
         for sig in signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", signal.SIGTERM):
             # A job that a script started with `cmd &` ignores Ctrl-C, and keeps to it.

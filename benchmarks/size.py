@@ -3,7 +3,8 @@
     python -m benchmarks size
 
 A token is one of Python's (tokenize), less comments, line breaks, indentation and docstrings, so
-that layout cannot change the count. The product is every .py file outside tests/ and benchmarks/.
+that layout cannot change the count. The product is every .py file outside tests/ and benchmarks/;
+the tests, tests/*.py, are counted the same way.
 The closures are the project's files that `python train.py --config small` (2 steps, in a
 temporary folder) and then `python sample.py --prompt X` import, at start-up or later.
 """
@@ -87,6 +88,8 @@ def main() -> None:
         f"\nproduct: {sum(sizes.values()):,} tokens in {len(sizes)} files "
         f"(limit {LIMITS['product']:,})"
     )
+    tests = sum(tokens(p) for p in (ROOT / "tests").glob("*.py"))
+    print(f"tests: {tests:,} tokens, {tests / sum(sizes.values()):.2f}x the product (goal 1.5x)")
     for name, files in closures().items():
         n = sum(sizes[f] for f in files)
         print(

@@ -67,11 +67,13 @@ def cuda_only_where_marked(request, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
+def one_thread(monkeypatch):
     """Tiny models gain nothing from more threads, and on a busy 2-core machine OpenMP's spinning
-    threads make them many times slower."""
+    threads make them many times slower; a run in this process takes one too, without the 0.2 s
+    that counting the idle cores takes."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
+    monkeypatch.setattr("training.runtime.idle_cores", lambda: 1)
     yield
     torch.set_num_threads(n)
 

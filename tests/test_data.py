@@ -1,205 +1,305 @@
-"""Data: token files, prepare (presets, text, folders, --files, --hf, its refusals), the batches."""
+"""Data: token files, prepare (presets, text, folders, --files, --hf, its refusals), the batches.
 
-import csv
-import gzip
+Each test runs in a temporary folder of its own: the paths it gives are relative to it."""
+
 import json
 import os
-import re
 import struct
 import threading
+from functools import partial
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
-from conftest import ROOT, one_error_line, script
+from conftest import ROOT, in_process, one_error_line
 from filelock import FileLock
 
-import data.loader as loader
 from configs import UserError
-from data.loader import Batches, eval_batches, read_tokens, windows, write_tokens
-from data.prepare import dataset_dir, prepare
+from data.loader import Batches, eval_batches, read_tokens, write_tokens
+from data.prepare import dataset_dir, main, prepare
 from data.tokenizer import CharTokenizer, GPT2Tokenizer, tokenizer
 
-CORPUS = ROOT / "data" / "corpora" / "tinyshakespeare" / "input.txt"
+CORPUS = ROOT / "data/corpora/tinyshakespeare/input.txt"
 DOCS = ["First document.\nIt has two lines.", "Second: café, naïve — ünïcödé!", "third"]
-FIX = "prepare the dataset again, with --force"
+TEXT = "".join(doc + "\n\n" for doc in DOCS)  # as the char tokenizer's stream holds them
+char = partial(prepare, tokenizer="char", root="out", quiet=True)
 
 
-def split_ids(folder, split: str) -> list[int]:
-    return read_tokens(folder / f"{split}.bin").tolist()
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
 
 
-def manifest(folder) -> dict:
-    return json.loads((folder / "manifest.json").read_text())
+def write(path, data):
+    """The bytes in the file at path, in folders made as needed."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(data)
+    return path
 
 
-def decoded(folder) -> str:
-    """A prepared dataset's text: its train tokens, then its val tokens, decoded."""
-    return tokenizer(m := manifest(folder), m["vocab_size"]).decode(
-        split_ids(folder, "train") + split_ids(folder, "val")
-    )
+def refused(message, *args, call=char, **kwargs):
+    """call(*args, **kwargs) is a UserError that says message."""
+    with pytest.raises(UserError) as e:
+        call(*args, **kwargs)
+    assert str(e.value) == message
 
 
-def tree(folder) -> dict:
-    """Every file under folder, by relative path: its bytes, inode and modification time."""
+def read(folder):
+    """A prepared dataset's manifest, and its train and val ids, which the manifest counts."""
+    m = json.loads(Path(folder, "manifest.json").read_text())
+    train, val = (read_tokens(Path(folder, f"{split}.bin")).tolist() for split in ("train", "val"))
+    assert (m["train_tokens"], m["val_tokens"]) == (len(train), len(val))
+    return m, train, val
+
+
+def decoded(folder):
+    m, train, val = read(folder)
+    return tokenizer(m, m["vocab_size"]).decode(train + val)
+
+
+def tree(folder):
+    """Every file and folder under folder, by relative path: a file's bytes, inode and mtime."""
     return {
-        str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns)
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
+        str(p.relative_to(folder)): p.is_file()
+        and (p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in sorted(Path(folder).rglob("*"))
     }
 
 
-# --- token files ------------------------------------------------------------------------------
+def killed_at_val(call, *args, **kwargs):
+    """call(*args, **kwargs), ended by Ctrl-C once it has written train.bin."""
+
+    def write_tokens_or_die(path, *rest):
+        if path.name == "val.bin":
+            raise KeyboardInterrupt
+        return write_tokens(path, *rest)
+
+    with pytest.MonkeyPatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr("data.prepare.write_tokens", write_tokens_or_die)
+        call(*args, **kwargs)
 
 
-def test_token_file_is_a_32_byte_header_then_uint16_ids_written_in_chunks(tmp_path):
-    path = tmp_path / "t.bin"
-    chunks = [np.array([0, 65535]), [], np.arange(5), (7, 8)]
-    assert write_tokens(path, iter(chunks), vocab_size=2**16) == 9
-    raw = path.read_bytes()
-    header = b"GPTTOK\0\0" + struct.pack("<IIQ", 1, 2, 9) + bytes(8)
-    assert raw == header + np.array([0, 65535, 0, 1, 2, 3, 4, 7, 8], "<u2").tobytes()
-    tokens = read_tokens(path)
-    assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint16
-    assert tokens.tolist() == [0, 65535, 0, 1, 2, 3, 4, 7, 8]
-
-
-def test_a_vocabulary_past_65536_ids_is_written_as_uint32(tmp_path):
-    path = tmp_path / "t.bin"
-    ids = [70000, 0, 2**32 - 1, 65536]
-    assert write_tokens(path, (np.array([i]) for i in ids), vocab_size=2**16 + 1) == 4
-    assert path.read_bytes()[8:24] == struct.pack("<IIQ", 1, 4, 4)
-    assert len(path.read_bytes()) == 32 + 4 * 4
-    tokens = read_tokens(path)
-    assert tokens.dtype == np.uint32 and tokens.tolist() == ids
-
-
-def test_a_token_file_is_read_only(tmp_path):
-    write_tokens(tmp_path / "t.bin", [np.arange(10)], vocab_size=65)
-    tokens = read_tokens(tmp_path / "t.bin")
-    assert not tokens.flags.writeable
+def test_a_token_file_is_a_header_then_uint16_or_uint32_ids_and_a_damaged_one_is_refused():
+    for vocab, ids, size in (
+        (2**16 + 1, [70000, 0, 2**32 - 1, 65536], 4),
+        (2**16, [0, 65535, *range(5)], 2),
+    ):
+        assert write_tokens("t.bin", iter([np.array(ids[:2]), [], ids[2:]]), vocab) == len(ids)
+        raw = Path("t.bin").read_bytes()
+        header = b"GPTTOK\0\0" + struct.pack("<IIQ8x", 1, size, len(ids))  # version 1, 8 spare
+        assert raw == header + np.array(ids, f"<u{size}").tobytes()
+        tokens = read_tokens("t.bin")
+        assert isinstance(tokens, np.memmap) and tokens.tolist() == ids  # of size bytes each
     with pytest.raises(ValueError, match="read-only"):
         tokens[0] = 1
+    assert write_tokens("t.bin", [], 65) == 0 and read_tokens("t.bin").size == 0
+    assert os.path.getsize("t.bin") == 32
+    with pytest.raises(TypeError):  # a write that dies midway: its header still counts no ids
+        write_tokens("t.bin", [[7], None], 65)
+    assert os.path.getsize("t.bin") == 34
+    for damaged in [
+        Path("t.bin").read_bytes(),
+        b"GPTTOK\0\1" + raw[8:],  # another magic
+        raw[:8] + b"\2" + raw[9:],  # another version
+        raw[:12] + b"\4" + raw[13:],  # ids of 4 bytes: the size disagrees
+        raw[:16] + b"\x63" + raw[17:],  # a count the file does not hold
+        raw[:-1],  # cut short in the ids
+        raw[:-2],
+        raw + b"\0\0",  # ids past the count
+        raw[:10],  # cut short in the header
+        b"",
+    ]:
+        refused(
+            "t.bin is not a whole token file of this version; prepare the dataset again, "
+            "with --force",
+            write("t.bin", damaged),
+            call=read_tokens,
+        )
 
 
-def test_a_write_that_dies_midway_leaves_a_file_that_is_refused(tmp_path):
-    def chunks():
-        yield np.array([7])
-        raise OSError(28, "No space left on device")
+def test_the_presets_are_the_corpus_split_by_characters_prepared_once_or_with_force(capsys):
+    for name, hint in ("mine", ""), ("shakespeare-char", " did you mean shakespeare_char?"):
+        message = f"no dataset '{name}' in out;{hint} prepare it (python -m data.prepare {name} "
+        message += "--text FILE (or --files, --hf)), give the --data-root that holds it, or use a "
+        refused(message + "preset: shakespeare_char, shakespeare", name, "out", call=dataset_dir)
+    text, cut = CORPUS.read_text(), 1_003_854
+    letters = "".join(sorted(set(text)))
+    for name, tok, (kind, vocab, chars, train_tokens, val_tokens) in (
+        ("shakespeare_char", CharTokenizer(letters), ("char", 65, letters, cut, 111_540)),
+        ("shakespeare", GPT2Tokenizer(), ("gpt2", 50257, None, 301_966, 36_059)),
+    ):
+        m, train, val = read(dataset_dir(name, "out"))  # prepared on first use
+        assert [train, val] == [tok.encode(text[:cut]), tok.encode(text[cut:])]
+        assert m == {
+            "version": 1,
+            "tokenizer": kind,
+            "val_fraction": 0.1,
+            "source": {"text": str(CORPUS)},
+            "sha256": "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+            "name": name,
+            "vocab_size": vocab,
+            "chars": chars,
+            "train_tokens": train_tokens,
+            "val_tokens": val_tokens,
+        }
+        assert capsys.readouterr().out == (
+            f"{name}: {kind} tokenizer, {vocab:,} tokens in its vocabulary; {train_tokens:,} train "
+            f"and {val_tokens:,} val tokens in out/{name}\n"
+        )
+    before = tree(folder := Path("out/shakespeare_char"))
+    assert list(before) == ["manifest.json", "train.bin", "val.bin"]
+    assert char("shakespeare_char") == folder and tree(folder) == before  # reused
+    after = tree(char("shakespeare_char", force=True))  # rebuilt, the same bytes, swapped in
+    assert [(v[0], v[1:] != before[k][1:]) for k, v in after.items()] == [
+        (v[0], True) for v in before.values()
+    ]
+    char("shakespeare_char", val_fraction=0.2)
+    assert read(folder)[0]["val_tokens"] == 223_079  # another split is another dataset
+    assert sorted(os.listdir("out")) == [
+        ".shakespeare.lock",
+        ".shakespeare_char.lock",
+        "shakespeare",
+        "shakespeare_char",
+    ]
 
-    with pytest.raises(OSError):
-        write_tokens(tmp_path / "t.bin", chunks(), vocab_size=65)
-    assert (tmp_path / "t.bin").stat().st_size == 32 + 2  # its header still counts no ids
-    with pytest.raises(UserError, match="is not a whole token file"):
-        read_tokens(tmp_path / "t.bin")
+
+def test_a_text_file_is_named_by_its_stem_split_by_characters_and_replaced_only_with_force(
+    capsys,
+):
+    text = "ROMEO: O, café naïve!\nJULIET: Ay me.\n" * 20  # 740 characters
+    folder = char(text=write("book.v2.txt", text.encode("utf-8-sig")))  # the mark is dropped
+    assert folder == dataset_dir("book", "out") == Path("out/book")
+    m, train, val = read(folder)
+    assert (m["chars"], m["source"], len(train), decoded(folder)) == (
+        "".join(sorted(set(text))),
+        {"text": "book.v2.txt"},
+        666,  # characters, the rest val's
+        text,
+    )
+    char(text="book.v2.txt", quiet=False)
+    assert capsys.readouterr().out == "book: up to date in out/book\n"
+    before = tree(folder)
+    for other in {"text": write("other/book.txt", b"other words\n" * 40)}, {"tokenizer": "gpt2"}:
+        refused(
+            "out/book holds dataset book of other text or another tokenizer; give --force to "
+            "replace it (its runs can then not resume), or another name",
+            **{"text": "book.v2.txt"} | other,
+        )
+        assert tree(folder) == before
+    write("book.v2.txt", text.upper().encode())  # an edit, other bytes: prepared again
+    assert decoded(char(text="book.v2.txt")) == text.upper()
+
+    before = tree(folder)
+    killed_at_val(char, text="other/book.txt", force=True)
+    assert tree(folder) == before and sorted(os.listdir("out")) == [".book.lock", "book"]
+    with FileLock("out/.book.lock"):  # as another prepare holds it: a second one waits for it
+        second = threading.Thread(target=char, kwargs={"text": "other/book.txt", "force": True})
+        second.start()
+        second.join(timeout=0.5)
+        assert second.is_alive() and tree(folder) == before
+    second.join(timeout=60)
+    assert not second.is_alive() and decoded(folder) == "other words\n" * 40
+    assert sorted(os.listdir("out")) == [".book.lock", "book"]  # nothing half-built is left
+
+    message = "x.txt: too little text for a train and a val split; give more"
+    refused(message, text=write("x.txt", b"x"))
+    assert not Path("out/x").exists()
+    write("out/book/notes.txt", b"mine")  # a dataset's folder, and more
+    write("out/run/ckpt.pt", b"weights")  # a run's
+    write("out/file", b"mine")  # a file where the dataset's folder would go
+    before = tree("out")
+    for name in "book", "run", "file":
+        for force in False, True:
+            message = f"out/{name} is not a dataset's folder; give another name, or another folder"
+            refused(message, name, text="book.v2.txt", force=force)
+    assert tree("out") == before
 
 
-def test_an_empty_token_file_reads_as_no_tokens(tmp_path):
-    assert write_tokens(tmp_path / "t.bin", [], vocab_size=65) == 0
-    assert (tmp_path / "t.bin").stat().st_size == 32 and read_tokens(tmp_path / "t.bin").size == 0
+def write_docs(fmt):
+    """DOCS as prepare's source: a folder of .txt files, .txt files, or a file of format fmt or a
+    saved dataset, of their column "body" beside another."""
+    if fmt == "folder":  # a symlinked folder is read as any other; a byte-order mark is dropped
+        for path, doc in zip(["corpus/a.txt", "corpus/b.txt", "elsewhere/c.txt"], DOCS):
+            write(path, doc.encode("utf-8-sig"))
+        os.symlink("../elsewhere", "corpus/sub")
+        write("corpus/notes.md", b"not a .txt file")
+        return {"text": "corpus"}
+    if fmt == "txt":
+        return {"files": [write(f"d{i}.txt", doc.encode()) for i, doc in enumerate(DOCS)]}
+    docs, path = pd.DataFrame({"id": range(3), "body": DOCS}), f"docs.{fmt}"
+    if fmt == "hf":  # a saved dataset of splits, of which train is read unless --split says
+        from datasets import Dataset, DatasetDict
+
+        held = Dataset.from_dict({"id": [0, 1, 2], "body": ["held out", "", "and more"]})
+        DatasetDict(train=(one := Dataset.from_pandas(docs)), test=held).save_to_disk(path)
+        one.save_to_disk("one")  # and one of one split
+        return {"hf": path, "text_column": "body"}
+    if fmt == "parquet":
+        docs.to_parquet(path)
+    elif fmt == "csv":
+        docs.to_csv(path, index=False)
+    else:  # one array, or a line each, maybe compressed (by the file's name)
+        docs.to_json(path, orient="records", lines=fmt != "json")
+    return {"files": [path], "text_column": "body"}
 
 
 @pytest.mark.parametrize(
-    "damage",
+    "fmt, kind",
     [
-        lambda b: b"GPTTOK\0\1" + b[8:],  # another magic
-        lambda b: b[:8] + struct.pack("<I", 2) + b[12:],  # another version
-        lambda b: b[:12] + struct.pack("<I", 4) + b[16:],  # ids of 4 bytes: the size disagrees
-        lambda b: b[:16] + struct.pack("<Q", 99) + b[24:],  # a count the file does not hold
-        lambda b: b[:-1],  # cut short in the ids
-        lambda b: b[:-20],
-        lambda b: b + b"\0\0",  # ids past the count
-        lambda b: b[:10],  # cut short in the header
-        lambda b: b"",
+        case.split()
+        for case in ("folder char", "folder gpt2", "txt char", "jsonl gpt2", "json char")
+        + ("csv char", "parquet char", "jsonl.gz char", "hf char")
     ],
-    ids=["magic", "version", "itemsize", "count", "-1", "-20", "+2", "header", "empty"],
 )
-def test_a_damaged_token_file_is_a_user_error(tmp_path, damage):
-    path = tmp_path / "val.bin"
-    write_tokens(path, [np.arange(100)], vocab_size=100)
-    path.write_bytes(damage(path.read_bytes()))
-    with pytest.raises(UserError) as e:
-        read_tokens(path)
-    assert str(e.value) == f"{path} is not a whole token file of this version; {FIX}"
-
-
-# --- prepare: the presets and one text --------------------------------------------------------
-
-
-def test_shakespeare_char_is_prepared_once_and_again_with_force(tmp_path):
-    folder = prepare("shakespeare_char", root=str(tmp_path), quiet=True)
-    assert folder == tmp_path / "shakespeare_char"
-    m = manifest(folder)
-    assert (m["train_tokens"], m["val_tokens"], m["vocab_size"]) == (1_003_854, 111_540, 65)
-    assert (m["tokenizer"], m["name"], m["val_fraction"], m["version"]) == (
-        "char",
-        "shakespeare_char",
-        0.1,
-        1,
+def test_documents_are_each_encoded_then_a_separator_into_a_stream_split_by_tokens(
+    fmt, kind, network_calls
+):
+    source = write_docs(fmt)
+    if "text_column" in source:  # a column by its name
+        refused(
+            f"docs.{fmt} has no column 'text' (id, body); pick one with --text-column",
+            **source | {"text_column": "text"},
+        )
+        assert not Path("out/docs").exists()
+    again = partial(char, tokenizer=kind, val_fraction=0.25, **source)
+    m, train, val = read(folder := again())
+    chars = "".join(sorted(set(TEXT))) if kind == "char" else None
+    tok = CharTokenizer(chars) if chars else GPT2Tokenizer()
+    separator = tok.encode("\n\n") if chars else [50256]
+    stream = [i for doc in DOCS for i in tok.encode(doc) + separator]
+    cut = int(len(stream) * 0.75)
+    assert (folder.name, train, val, m["tokenizer"], m["vocab_size"], m["chars"]) == (
+        {"folder": "corpus", "txt": "d0"}.get(fmt, "docs"),
+        stream[:cut],
+        stream[cut:],
+        kind,
+        tok.vocab_size,
+        chars,
     )
-    text = CORPUS.read_text()
-    assert m["chars"] == "".join(sorted(set(text)))
-    assert m["sha256"] == "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-    tok = CharTokenizer(m["chars"])
-    assert np.array_equal(read_tokens(folder / "train.bin"), tok.encode_array(text[:1_003_854]))
-    assert np.array_equal(read_tokens(folder / "val.bin"), tok.encode_array(text[1_003_854:]))
-    assert sorted(os.listdir(folder)) == ["manifest.json", "train.bin", "val.bin"]
-
+    if fmt == "hf":
+        source |= {"subset": None, "split": "train"}
+        held = char("held", **source | {"split": "test"})  # an empty text is no document
+        assert (
+            decoded(held) == "held out\n\nand more\n\n"
+            and read(held)[0]["source"]["split"] == "test"
+        )
+        message = "--hf docs.hf has no split 'validation' (train, test); pick one with --split"
+        refused(message, **source | {"split": "validation"})
+        refused("--hf one is a dataset of one split: leave --split out", hf="one", split="test")
+        assert decoded(char(hf="one", text_column="body")) == TEXT
+    assert m["source"] == (
+        {"folder": "corpus"} if fmt == "folder" else {"text_column": "text"} | source
+    )
     before = tree(folder)
-    assert prepare("shakespeare_char", root=str(tmp_path), quiet=True) == folder
-    assert tree(folder) == before  # reused: the same files, not written again
-    prepare("shakespeare_char", root=str(tmp_path), quiet=True, force=True)
-    after = tree(folder)
-    assert {k: v[0] for k, v in after.items()} == {k: v[0] for k, v in before.items()}
-    assert all(after[k][1:] != before[k][1:] for k in before)  # rebuilt, and swapped in
-    prepare("shakespeare_char", root=str(tmp_path), quiet=True, val_fraction=0.2)
-    assert manifest(folder)["val_tokens"] == 223_079  # another split is another dataset
-    assert sorted(os.listdir(tmp_path)) == [".shakespeare_char.lock", "shakespeare_char"]
-
-
-def test_shakespeare_is_the_corpus_in_gpt2_tokens_split_by_characters(tmp_path, capsys):
-    folder = prepare("shakespeare", root=str(tmp_path))
-    m = manifest(folder)
-    assert (m["train_tokens"], m["val_tokens"], m["vocab_size"]) == (301_966, 36_059, 50257)
-    assert (m["tokenizer"], m["chars"]) == ("gpt2", None)
-    text, tok = CORPUS.read_text(), GPT2Tokenizer()
-    assert split_ids(folder, "train") == tok.encode(text[:1_003_854])
-    assert split_ids(folder, "val") == tok.encode(text[1_003_854:])
-    assert capsys.readouterr().out == (
-        "shakespeare: gpt2 tokenizer, 50,257 tokens in its vocabulary; "
-        f"301,966 train and 36,059 val tokens in {folder}\n"
-    )
-
-
-def test_a_text_file_is_named_by_its_stem_and_split_by_characters(tmp_path):
-    text = "ROMEO: O, café naïve!\nJULIET: Ay me.\n" * 20  # 740 characters
-    (tmp_path / "book.v2.txt").write_text(text)
-    folder = prepare(
-        text=str(tmp_path / "book.v2.txt"), tokenizer="char", root=str(tmp_path), quiet=True
-    )
-    assert folder == tmp_path / "book"
-    m = manifest(folder)
-    assert m["chars"] == "".join(sorted(set(text))) and m["source"] == {
-        "text": str(tmp_path / "book.v2.txt")
-    }
-    assert (m["train_tokens"], m["val_tokens"]) == (666, 74)
-    assert decoded(folder) == text
-    assert CharTokenizer(m["chars"]).decode(split_ids(folder, "val")) == text[666:]
-
-    (tmp_path / "book.v2.txt").write_text(text.upper())  # an edit, other bytes: prepared again
-    prepare(text=str(tmp_path / "book.v2.txt"), tokenizer="char", root=str(tmp_path), quiet=True)
-    assert decoded(folder) == text.upper()
-
-
-def test_a_utf8_byte_order_mark_is_dropped(tmp_path):
-    text = "Ünïcode text,\nwith a mark before it.\n" * 5
-    (tmp_path / "marked.txt").write_bytes(text.encode("utf-8-sig"))
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "a.txt").write_bytes(text.encode("utf-8-sig"))
-    for source in "marked.txt", "docs":
-        folder = prepare(text=str(tmp_path / source), tokenizer="char", root=str(tmp_path / "out"))
-        assert "\ufeff" not in manifest(folder)["chars"]
-        assert decoded(folder) == text + ("\n\n" if source == "docs" else "")
+    assert again() == folder and tree(folder) == before  # the same bytes: reused
+    if fmt == "folder":  # another document: prepared again, whole or not at all
+        write("corpus/sub/d.txt", b"a fourth")
+        killed_at_val(again)
+        assert tree(folder) == before and sorted(os.listdir("out")) == [".corpus.lock", "corpus"]
+        assert decoded(again()).endswith("a fourth" + tok.decode(separator))
+    assert network_calls == []
 
 
 @pytest.mark.parametrize(
@@ -210,362 +310,63 @@ def test_a_utf8_byte_order_mark_is_dropped(tmp_path):
         ("Plain text\n".encode("utf-16-le"), "UTF-16 or UTF-32"),  # without: valid UTF-8 bytes
         ("Plain text\n".encode("utf-32"), "UTF-16 or UTF-32"),
     ],
-    ids=["latin-1", "utf-16", "utf-16-le", "utf-32"],
 )
-@pytest.mark.parametrize("where", ["file.md", "file", "folder"])
-def test_a_file_that_is_not_utf8_is_refused_whatever_its_name(tmp_path, data, likely, where):
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "a.txt").write_text("this one is fine\n")
-    bad = tmp_path / "docs" / {"file.md": "b.md", "file": "b"}.get(where, "b.txt")
-    bad.write_bytes(data * 10)
-    source = bad if where != "folder" else tmp_path / "docs"
-    with pytest.raises(UserError) as e:
-        prepare(text=str(source), tokenizer="char", root=str(tmp_path / "out"), quiet=True)
-    assert str(e.value) == f"{bad} is not UTF-8 (likely {likely}); save it as UTF-8"
+@pytest.mark.parametrize("where", ["file.md", "file", "folder", "--files"])
+def test_a_file_that_is_not_utf8_is_refused_whatever_its_name(data, likely, where):
+    write("docs/a.txt", b"this one is fine\n")
+    bad = write({"file.md": "docs/b.md", "file": "docs/b"}.get(where, "docs/b.txt"), data * 10)
+    source = {"folder": {"text": "docs"}, "--files": {"files": [bad]}}.get(where, {"text": bad})
+    likely = "UTF-16? Latin-1?" if where == "--files" else f"likely {likely}"
+    named = Path(bad).resolve() if where == "folder" else bad  # a folder's files, by their paths
+    refused(f"{named} is not UTF-8 ({likely}); save it as UTF-8", **source)
 
 
-@pytest.mark.parametrize("encoding", ["latin-1", "utf-16-le"])
-def test_files_that_are_not_utf8_are_refused_in_one_line(tmp_path, encoding):
-    (tmp_path / "b.txt").write_bytes("Café crème\n".encode(encoding) * 10)
-    with pytest.raises(UserError) as e:
-        prepare(files=[str(tmp_path / "b.txt")], tokenizer="char", root=str(tmp_path / "out"))
-    assert str(e.value) == f"{tmp_path / 'b.txt'} is not UTF-8 (UTF-16? Latin-1?); save it as UTF-8"
-
-
-# --- prepare: documents -----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("kind", ["char", "gpt2"])
-def test_a_folder_of_txt_files_is_documents_split_by_tokens(tmp_path, kind):
-    corpus, elsewhere = tmp_path / "corpus", tmp_path / "elsewhere"
-    corpus.mkdir()
-    elsewhere.mkdir()
-    (corpus / "sub").symlink_to(elsewhere)  # a symlinked folder is read as any other
-    for path, doc in zip(["a.txt", "b.txt", "sub/c.txt"], DOCS):
-        (corpus / path).write_text(doc)
-    (corpus / "notes.md").write_text("not a .txt file")
-    folder = prepare(
-        text=str(corpus), tokenizer=kind, root=str(tmp_path / "out"), val_fraction=0.25, quiet=True
-    )
-    assert folder == tmp_path / "out" / "corpus"
-    m = manifest(folder)
-    if kind == "char":
-        tok = CharTokenizer("".join(sorted(set("".join(DOCS) + "\n"))))
-        stream = tok.encode("".join(doc + "\n\n" for doc in DOCS))
-        assert m["chars"] == tok.chars and m["vocab_size"] == len(tok.chars)
-    else:
-        tok = GPT2Tokenizer()
-        stream = [i for doc in DOCS for i in tok.encode(doc) + [50256]]
-        assert m["vocab_size"] == 50257
-    cut = int(len(stream) * 0.75)
-    assert split_ids(folder, "train") == stream[:cut] and split_ids(folder, "val") == stream[cut:]
-    assert (m["train_tokens"], m["val_tokens"]) == (cut, len(stream) - cut)
-    assert m["source"] == {"folder": str(corpus)} and m["tokenizer"] == kind
-    before = tree(folder)
-    prepare(text=str(corpus), tokenizer=kind, root=str(tmp_path / "out"), val_fraction=0.25)
-    assert tree(folder) == before  # the same bytes: reused
-    (corpus / "sub" / "d.txt").write_text("a fourth")
-    prepare(text=str(corpus), tokenizer=kind, root=str(tmp_path / "out"), val_fraction=0.25)
-    assert decoded(folder).endswith("a fourth" + ("\n\n" if kind == "char" else "<|endoftext|>"))
-
-
-def write_docs(folder, fmt: str) -> list[str]:
-    """DOCS in a file of format fmt (their column "body", beside another), or a .txt file each."""
-    rows = [{"id": i, "body": doc} for i, doc in enumerate(DOCS)]
-    if fmt == "txt":
-        for i, doc in enumerate(DOCS):
-            (folder / f"d{i}.txt").write_text(doc)
-        return [str(folder / f"d{i}.txt") for i in range(len(DOCS))]
-    path = folder / f"docs.{fmt}"
-    if fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.Table.from_pylist(rows), path)
-    elif fmt == "csv":
-        with open(path, "w", newline="") as f:
-            csv.writer(f).writerows([["id", "body"], *([r["id"], r["body"]] for r in rows)])
-    elif fmt == "json":
-        path.write_text(json.dumps(rows))
-    else:  # jsonl, maybe compressed
-        lines = "".join(json.dumps(r) + "\n" for r in rows)
-        if fmt == "jsonl.gz":
-            path.write_bytes(gzip.compress(lines.encode()))
-        else:
-            path.write_text(lines)
-    return [str(path)]
-
-
-@pytest.mark.parametrize("fmt", ["jsonl", "json", "csv", "parquet", "txt", "jsonl.gz"])
-def test_files_of_each_format_are_documents(tmp_path, fmt, network_calls):
-    files = write_docs(tmp_path, fmt)
-    column = {} if fmt == "txt" else {"text_column": "body"}
-    folder = prepare(
-        files=files, tokenizer="char", root=str(tmp_path / "out"), quiet=True, **column
-    )
-    assert folder == tmp_path / "out" / ("d0" if fmt == "txt" else "docs")
-    assert decoded(folder) == "".join(doc + "\n\n" for doc in DOCS)
-    assert manifest(folder)["source"] == {
-        "files": files,
-        "text_column": column.get("text_column", "text"),
-    }
-    assert network_calls == []
-
-
-def test_files_of_several_formats_are_refused(tmp_path):
-    files = write_docs(tmp_path, "jsonl") + write_docs(tmp_path, "csv")
-    with pytest.raises(UserError) as e:
-        prepare(files=files, text_column="body", root=str(tmp_path / "out"), quiet=True)
-    assert str(e.value) == (
-        "--files takes files of one format: .txt, .parquet, .jsonl, .json, .csv, maybe compressed"
-    )
-    (tmp_path / "docs.xml").write_text("<doc/>")
-    with pytest.raises(UserError, match="^--files takes files of one format"):
-        prepare(files=[str(tmp_path / "docs.xml")], root=str(tmp_path / "out"), quiet=True)
-    assert not (tmp_path / "out").exists()
-
-
-def test_a_missing_column_is_one_line_naming_the_columns(tmp_path):
-    files = write_docs(tmp_path, "jsonl")
-    with pytest.raises(UserError) as e:
-        prepare(files=files, tokenizer="char", root=str(tmp_path / "out"), quiet=True)
-    assert (
-        str(e.value) == f"{files[0]} has no column 'text' (id, body); pick one with --text-column"
-    )
-    assert not (tmp_path / "out" / "docs").exists()
-
-
-def test_hf_reads_a_saved_dataset_and_a_split_of_a_saved_dataset_dict(tmp_path, network_calls):
-    import datasets
-
-    datasets.Dataset.from_dict({"body": DOCS, "n": [1, 2, 3]}).save_to_disk(tmp_path / "one")
-    folder = prepare(
-        hf=str(tmp_path / "one"), text_column="body", tokenizer="char", root=str(tmp_path / "out")
-    )
-    assert folder == tmp_path / "out" / "one"
-    assert decoded(folder) == "".join(doc + "\n\n" for doc in DOCS)
-    with pytest.raises(UserError) as e:
-        prepare("other", hf=str(tmp_path / "one"), tokenizer="char", root=str(tmp_path / "out"))
-    assert str(e.value) == (
-        f"{tmp_path / 'one'} has no column 'text' (body, n); pick one with --text-column"
-    )
-
-    splits = {"train": DOCS, "test": ["held out", "", "and more"]}  # an empty text is no document
-    datasets.DatasetDict(
-        {k: datasets.Dataset.from_dict({"text": v}) for k, v in splits.items()}
-    ).save_to_disk(tmp_path / "dict")
-    every = "".join(doc + "\n\n" for doc in DOCS)
-    for split, want in ("test", "held out\n\nand more\n\n"), ("train", every):
-        folder = prepare(
-            f"dict_{split}",
-            hf=str(tmp_path / "dict"),
-            split=split,
-            tokenizer="char",
-            root=str(tmp_path / "out"),
-            quiet=True,
-        )
-        assert decoded(folder) == want
-        assert manifest(folder)["source"] == {
-            "hf": str(tmp_path / "dict"),
-            "subset": None,
-            "split": split,
-            "text_column": "text",
-        }
-    no_split = (
-        f"--hf {tmp_path / 'dict'} has no split 'validation' (train, test); pick one with --split"
-    )
-    with pytest.raises(UserError, match=f"^{re.escape(no_split)}$"):
-        prepare(hf=str(tmp_path / "dict"), split="validation", root=str(tmp_path / "out"))
-    one_split = f"--hf {tmp_path / 'one'} is a dataset of one split: leave --split out"
-    with pytest.raises(UserError, match=f"^{re.escape(one_split)}$"):
-        prepare("x", hf=str(tmp_path / "one"), split="nonsense", root=str(tmp_path / "out"))
-    assert network_calls == []
-
-
-def test_too_little_text_for_two_splits_is_refused(tmp_path):
-    (tmp_path / "x.txt").write_text("x")
-    with pytest.raises(UserError) as e:
-        prepare(text=str(tmp_path / "x.txt"), tokenizer="char", root=str(tmp_path), quiet=True)
-    assert (
-        str(e.value)
-        == f"{tmp_path / 'x.txt'}: too little text for a train and a val split; give more"
-    )
-    assert not (tmp_path / "x").exists()
-    with pytest.raises(
-        UserError, match=r"^--text \S+missing.txt: no such file or folder; give a text"
-    ):
-        prepare(text=str(tmp_path / "missing.txt"), root=str(tmp_path), quiet=True)
-
-
-# --- prepare: what it refuses, and what it leaves ---------------------------------------------
-
-
-@pytest.mark.parametrize("source", ["file", "folder"])
-def test_a_prepare_that_dies_midway_leaves_the_old_dataset_whole(tmp_path, monkeypatch, source):
-    for version, text in ("old", "the old text\n" * 50), ("new", "something new, longer\n" * 300):
-        (tmp_path / version).mkdir()
-        (tmp_path / version / "t.txt").write_text(text)
-    where = {"file": "t.txt", "folder": ""}[source]
-    root = tmp_path / "out"
-    folder = prepare("d", text=str(tmp_path / "old" / where), tokenizer="char", root=str(root))
-    old = decoded(folder)
-    before = tree(root)
-
-    real = loader.write_tokens
-
-    def dies_at_val(path, chunks, vocab_size):  # as a process killed after train.bin is written
-        if path.name == "val.bin":
-            raise OSError(28, "No space left on device")
-        return real(path, chunks, vocab_size)
-
-    monkeypatch.setattr("data.prepare.write_tokens", dies_at_val)
-    with pytest.raises(OSError, match="No space left"):
-        prepare(
-            "d", text=str(tmp_path / "new" / where), tokenizer="char", root=str(root), force=True
-        )
-    assert not (root / ".d.tmp").exists()  # what it built, beside the dataset, went with it
-    assert {k: v for k, v in tree(root).items() if k.startswith("d/")} == {
-        k: v for k, v in before.items() if k.startswith("d/")
-    }
-    assert decoded(folder) == old
-
-    monkeypatch.undo()
-    prepare("d", text=str(tmp_path / "new" / where), tokenizer="char", root=str(root), force=True)
-    assert decoded(folder) == (tmp_path / "new" / "t.txt").read_text() + (
-        "\n\n" if where == "" else ""
-    )
-    assert sorted(os.listdir(root)) == [".d.lock", "d"]  # the half-built one is gone
-
-
-def test_a_second_prepare_waits_for_the_one_that_holds_the_lock(tmp_path):
-    (tmp_path / "t.txt").write_text("some text to prepare\n" * 30)
-    folder = prepare(text=str(tmp_path / "t.txt"), tokenizer="char", root=str(tmp_path))
-    before = tree(folder)
-    with FileLock(tmp_path / ".t.lock"):  # as another prepare holds it
-        second = threading.Thread(
-            target=prepare,
-            args=(None,),
-            kwargs=dict(
-                text=str(tmp_path / "t.txt"), tokenizer="char", root=str(tmp_path), force=True
-            ),
-        )
-        second.start()
-        second.join(timeout=1)
-        assert second.is_alive() and tree(folder) == before
-    second.join(timeout=60)
-    assert not second.is_alive() and tree(folder) != before
-    assert decoded(folder) == "some text to prepare\n" * 30
-
-
-@pytest.mark.parametrize(
-    "files",
-    [
-        {"ckpt.pt": b"weights", "config.json": b"{}"},  # a run
-        {"manifest.json": b"{}", "train.bin": b"", "val.bin": b"", "notes.txt": b"mine"},
-        None,  # a file where the dataset's folder would go
-    ],
-    ids=["run", "dataset-and-notes", "file"],
+NAME_ONE = (
+    "name a preset (shakespeare_char, shakespeare), or give --text, --files or --hf and a name "
+    "that is not a preset's"
 )
-def test_a_folder_holding_other_files_is_refused_and_left_as_it_was(tmp_path, files):
-    (tmp_path / "t.txt").write_text("hello world\n" * 50)
-    victim = tmp_path / "out" / "t"
-    victim.parent.mkdir()
-    if files is None:
-        victim.write_bytes(b"mine")
-    else:
-        victim.mkdir()
-        for name, content in files.items():
-            (victim / name).write_bytes(content)
-    before = tree(tmp_path / "out")
-    for force in False, True:
-        with pytest.raises(UserError) as e:
-            prepare(
-                text=str(tmp_path / "t.txt"),
-                tokenizer="char",
-                root=str(tmp_path / "out"),
-                force=force,
-            )
-        assert (
-            str(e.value)
-            == f"{victim} is not a dataset's folder; give another name, or another folder"
-        )
-    assert tree(tmp_path / "out") == before and os.listdir(tmp_path / "out") == ["t"]
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {},
-        {"name": "shakespeare", "text": "t.txt"},  # a preset's name for another source
-        {"name": "shakespeare_char", "files": ["t.txt"]},
-    ],
+ONE_FORMAT = (
+    "--files takes files of one format: .txt, .parquet, .jsonl, .json, .csv, maybe compressed"
 )
-def test_prepare_needs_a_preset_or_a_source_and_another_name(tmp_path, kwargs):
-    with pytest.raises(UserError) as e:
-        prepare(root=str(tmp_path), **kwargs)
-    assert str(e.value) == (
-        "name a preset (shakespeare_char, shakespeare), or give --text, --files or --hf "
-        "and a name that is not a preset's"
-    )
-    assert os.listdir(tmp_path) == []
-
-
-@pytest.mark.parametrize("name", [".", "..", ".hidden", "a/b"])
-def test_a_name_that_cannot_be_a_folder_is_refused(tmp_path, name):
-    (tmp_path / "t.txt").write_text("hello world\n" * 50)
-    with pytest.raises(UserError) as e:
-        prepare(name, text=str(tmp_path / "t.txt"), root=str(tmp_path / "out"))
-    assert str(e.value) == f"{name!r} cannot name a dataset's folder; give a name such as mycorpus"
-    assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.parametrize("fraction", [0, 1, -0.1, 1.5])
-def test_val_fraction_is_a_share_between_0_and_1(tmp_path, fraction):
-    with pytest.raises(UserError) as e:
-        prepare("shakespeare_char", root=str(tmp_path), val_fraction=fraction)
-    assert str(e.value) == f"--val-fraction {fraction}: give a share between 0 and 1"
-
-
-def test_dataset_dir_prepares_a_preset_and_names_the_command_for_another(tmp_path):
-    with pytest.raises(UserError) as e:
-        dataset_dir("mine", str(tmp_path))
-    assert str(e.value) == (
-        f"no dataset 'mine' in {tmp_path}; prepare it (python -m data.prepare mine --text FILE "
-        "(or --files, --hf)), give the --data-root that holds it, or use a preset: "
-        "shakespeare_char, shakespeare"
-    )
-    with pytest.raises(UserError, match="^no dataset 'shakespeare-char' in .*; did you mean "):
-        dataset_dir("shakespeare-char", str(tmp_path))
-    assert (
-        dataset_dir("shakespeare_char", str(tmp_path), quiet=True) == tmp_path / "shakespeare_char"
-    )
-    (tmp_path / "mine.txt").write_text("hello world\n" * 50)
-    prepare(text=str(tmp_path / "mine.txt"), tokenizer="char", root=str(tmp_path), quiet=True)
-    assert dataset_dir("mine", str(tmp_path)) == tmp_path / "mine"
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        ([], "name a preset (shakespeare_char, shakespeare), or give --text, --files or --hf"),
+        ("", NAME_ONE),
+        ("shakespeare --text t.txt", NAME_ONE),  # a preset's name for another source
+        ("shakespeare_char --files t.txt", NAME_ONE),
+        (". --text t.txt", "'.' cannot name a dataset's folder; give a name such as mycorpus"),
+        (".. --text t.txt", "'..' cannot name a dataset's folder; give a name such as mycorpus"),
         (
-            ["--text", "T", "--text-column", "body"],
-            "--text-column is for --files and --hf; drop it",
+            ".hidden --text t.txt",
+            "'.hidden' cannot name a dataset's folder; give a name such as mycorpus",
         ),
-        (["--text", "T", "--split", "test"], "--subset, --split and --streaming are for --hf"),
+        ("a/b --text t.txt", "'a/b' cannot name a dataset's folder; give a name such as mycorpus"),
+        ("shakespeare_char --val-fraction 0", "--val-fraction 0.0: give a share between 0 and 1"),
+        ("shakespeare_char --val-fraction 1", "--val-fraction 1.0: give a share between 0 and 1"),
         (
-            ["--text", "T", "--val-fraction", "1.5"],
-            "--val-fraction 1.5: give a share between 0 and 1",
+            "shakespeare_char --val-fraction -0.1",
+            "--val-fraction -0.1: give a share between 0 and 1",
         ),
+        ("--text t.txt --val-fraction 1.5", "--val-fraction 1.5: give a share between 0 and 1"),
+        (
+            "--text missing.txt",
+            "--text missing.txt: no such file or folder; give a text file or a folder of them",
+        ),
+        ("--files nothing.jsonl", "--files nothing.jsonl: not a file"),
+        ("--files docs.jsonl docs.csv --text-column body", ONE_FORMAT),
+        ("--files docs.xml", ONE_FORMAT),
+        ("--text t.txt --text-column body", "--text-column is for --files and --hf; drop it"),
+        ("--text t.txt --split test", "--subset, --split and --streaming are for --hf; drop them"),
     ],
-    ids=["no-source", "text-column", "split", "val-fraction"],
 )
-def test_the_cli_says_a_mistake_in_one_line(tmp_path, argv, message):
-    (tmp_path / "t.txt").write_text("hello world\n" * 50)
-    argv = [str(tmp_path / "t.txt") if a == "T" else a for a in argv]
-    proc = script("-m", "data.prepare", *argv, "--out-root", tmp_path / "out")
-    assert one_error_line(proc).startswith(f"error: {message}") and proc.stdout == ""
-    assert not (tmp_path / "out").exists()
+def test_a_mistake_is_one_error_line_before_anything_is_written(argv, message):
+    for name in "t.txt", "docs.jsonl", "docs.csv", "docs.xml":
+        write(name, b"hello world\n" * 50)
+    proc = in_process(main, *argv.split(), "--out-root", "out")
+    assert one_error_line(proc) == f"error: {message}" and proc.stdout == ""
+    assert not Path("out").exists()
 
 
 # --- the batches ------------------------------------------------------------------------------
@@ -579,74 +380,23 @@ def random_tokens(tmp_path):
     return path
 
 
-def test_a_batch_row_is_a_window_x_its_first_block_y_its_last(random_tokens):
-    tokens = np.asarray(read_tokens(random_tokens)).astype(np.int64)
-    batches = Batches(random_tokens, 16, 4, 2, 0, 1, seed=3, device="cpu")
-    starts = np.random.default_rng([3, 0, 7]).integers(0, 5000 - 16, 8)
-    micro = batches(7)
-    assert len(micro) == 2
-    for m, (x, y) in enumerate(micro):
-        assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.int64
-        for row, s in enumerate(starts[4 * m : 4 * m + 4]):
-            assert x[row].tolist() == tokens[s : s + 16].tolist()
-            assert y[row].tolist() == tokens[s + 1 : s + 17].tolist()
-
-
-@pytest.mark.parametrize("seed, block_size, rows", [(0, 8, 1), (7, 16, 64), (1234, 1, 3)])
-def test_a_steps_rows_are_numpys_draw_from_seed_0_step(tmp_path, seed, block_size, rows):
-    """The draw of earlier versions, pinned: default_rng([seed, 0, step]) over every window."""
-    path = tmp_path / "t.bin"
-    write_tokens(path, [np.arange(3000)], vocab_size=3000)  # a token's id is its place
-    batches = Batches(path, block_size, rows, 1, 0, 1, seed, "cpu")
-    for step in 0, 1, 5000:
-        x, y = batches(step)[0]
-        want = np.random.default_rng([seed, 0, step]).integers(0, 3000 - block_size, rows)
-        assert x[:, 0].tolist() == want.tolist()
-        assert torch.equal(y, x + 1) and torch.equal(
-            x[:, 1:], x[:, :1] + torch.arange(1, block_size)
-        )
-
-
-def test_a_steps_batches_are_a_function_of_seed_and_step_alone(random_tokens):
-    def draw(seed, steps):
-        batches = Batches(random_tokens, 16, 4, 2, 0, 1, seed, "cpu")
-        return [torch.cat([x for x, _ in batches(step)]) for step in steps]
-
-    run = draw(5, range(6))
-    assert all(torch.equal(a, b) for a, b in zip(run, draw(5, range(6))))
-    resumed = draw(5, [4, 5, 4])  # a run resumed at step 4, in a new process
-    assert torch.equal(resumed[0], run[4]) and torch.equal(resumed[1], run[5])
-    assert torch.equal(resumed[2], run[4])  # the same step twice: the same rows
-    assert not torch.equal(run[4], run[5])
-    assert not torch.equal(draw(6, [4])[0], run[4])
-
-
-@pytest.mark.parametrize("grad_accum, world_size", [(4, 1), (2, 2), (1, 4), (1, 1)])
-def test_a_steps_rows_do_not_depend_on_processes_and_accumulation(
-    random_tokens, grad_accum, world_size
-):
-    """Micro-step m of process r holds rows [m, r] of the step's one draw of 8 rows."""
-    per = 8 // (grad_accum * world_size)
-    whole = Batches(random_tokens, 16, 8, 1, 0, 1, seed=9, device="cpu")
-    ranks = [
-        Batches(random_tokens, 16, per, grad_accum, r, world_size, seed=9, device="cpu")
-        for r in range(world_size)
-    ]
-    for step in 0, 3:
-        ((x_all, y_all),) = whole(step)
-        mine = [rank(step) for rank in ranks]
-        assert all(len(m) == grad_accum for m in mine)
-        assert all(x.shape == y.shape == (per, 16) for m in mine for x, y in m)
-        order = [(m, r) for m in range(grad_accum) for r in range(world_size)]
-        assert torch.equal(torch.cat([mine[r][m][0] for m, r in order]), x_all)
-        assert torch.equal(torch.cat([mine[r][m][1] for m, r in order]), y_all)
-
-
-def test_batches_are_on_the_device_asked_for(random_tokens):
-    for x, y in Batches(random_tokens, 16, 4, 2, 0, 1, seed=3, device="meta")(0):
-        assert x.device.type == y.device.type == "meta" and x.shape == y.shape == (4, 16)
-    for x, y in eval_batches(random_tokens, 16, 4, "meta", limit=2):
-        assert x.device.type == y.device.type == "meta" and x.shape == y.shape == (4, 16)
+def test_a_steps_rows_are_numpys_draw_from_seed_0_step_whatever_the_processes():
+    """The draw of earlier versions, pinned: default_rng([seed, 0, step]) over every window.
+    Micro-step m of process r takes rows [m, r] of it."""
+    write_tokens("t.bin", [range(3000)], 3000)  # a token's id is its place
+    for seed, block, rows in (0, 8, 1), (7, 16, 64), (1234, 1, 3):
+        for step in 5000, 0, 1, 0:  # in any order, and again: as a run resumed in a new process
+            ((x, y),) = Batches("t.bin", block, rows, 1, 0, 1, seed, "cpu")(step)
+            start = np.random.default_rng([seed, 0, step]).integers(0, 3000 - block, rows)
+            assert x.dtype == y.dtype == torch.int64 and torch.equal(y, x + 1)
+            assert torch.equal(x, torch.tensor(start)[:, None] + torch.arange(block))
+    whole = torch.cat(Batches("t.bin", 16, 8, 1, 0, 1, 9, "cpu")(3)[0], 1)  # x and y, side by side
+    for accum, world in (4, 1), (2, 2), (1, 4):
+        per = 8 // (accum * world)
+        for rank in range(world):
+            mine = Batches("t.bin", 16, per, accum, rank, world, 9, "cpu")(3)
+            rows = whole.view(accum, world, per, 32)[:, rank]
+            assert [torch.cat(b, 1).tolist() for b in mine] == rows.tolist()
 
 
 @pytest.mark.cuda
@@ -658,87 +408,35 @@ def test_batches_on_a_gpu_are_the_cpu_ones(random_tokens):
         assert torch.equal(gpu_x.cpu(), x) and torch.equal(gpu_y.cpu(), y)
 
 
-@pytest.fixture
-def counting(tmp_path):
-    """1,000 tokens whose ids are their places: a window is named by its first token."""
-    path = tmp_path / "val.bin"
-    write_tokens(path, [np.arange(1000)], vocab_size=1000)
-    return path
+def test_eval_batches_cover_the_windows_at_each_block_once_shared_between_processes():
+    write_tokens("val.bin", [range(1000)], 1000)  # a window is named by its first token
+    batches = list(eval_batches("val.bin", 16, 5, "cpu"))
+    assert [len(x) for x, _ in batches] == [5] * 12 + [2]  # 62 windows: the last batch is short
+    x, y = (torch.cat(t) for t in zip(*batches))
+    assert x.dtype == y.dtype == torch.int64 and torch.equal(y, x + 1)
+    assert torch.equal(x, torch.arange(62 * 16).view(62, 16))  # the last ends at token 992
+    starts = lambda *a: [x[:, 0].tolist() for x, _ in eval_batches("val.bin", 16, 5, "cpu", *a)]
+    for limit in 0, 1, 3, 7, 13, 99:  # the first `limit` batches; 0: all
+        for world in 1, 2, 3, 4, 13, 20:  # process r takes batches r, r + world...
+            shares = [starts(limit, r, world) for r in range(world)]
+            assert shares == [starts()[: limit or None][r::world] for r in range(world)]
 
 
-def test_eval_batches_cover_the_windows_at_each_block_once(counting):
-    batches = list(eval_batches(counting, 16, 5, "cpu"))
-    starts = list(range(0, 1000 - 16, 16))  # 62 windows, the last at 976 ending at token 992
-    assert len(starts) == 62 and len(batches) == 13
-    assert [len(x) for x, _ in batches] == [5] * 12 + [2]  # the last batch is short
-    x = torch.cat([x for x, _ in batches])
-    y = torch.cat([y for _, y in batches])
-    assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (62, 16)
-    assert x[:, 0].tolist() == starts
-    assert torch.equal(x.reshape(-1), torch.arange(62 * 16)) and torch.equal(y, x + 1)
-    again = list(eval_batches(counting, 16, 5, "cpu"))
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batches, again))
-
-
-def test_eval_batches_limit_keeps_the_first_batches(counting):
-    every = [x[:, 0].tolist() for x, _ in eval_batches(counting, 16, 5, "cpu")]
-    for limit, want in (0, every), (1, every[:1]), (3, every[:3]), (13, every), (99, every):
-        assert [x[:, 0].tolist() for x, _ in eval_batches(counting, 16, 5, "cpu", limit)] == want
-
-
-@pytest.mark.parametrize("world_size, limit", [(2, 0), (3, 0), (4, 0), (3, 7), (13, 0), (20, 0)])
-def test_eval_batches_are_shared_between_processes_without_overlap_or_gaps(
-    counting, world_size, limit
-):
-    every = [x[:, 0].tolist() for x, _ in eval_batches(counting, 16, 5, "cpu", limit)]
-    shares = [
-        [x[:, 0].tolist() for x, _ in eval_batches(counting, 16, 5, "cpu", limit, r, world_size)]
-        for r in range(world_size)
-    ]
-    assert shares == [every[r::world_size] for r in range(world_size)]
-
-
-def test_a_split_of_one_window_works_and_a_shorter_one_is_a_user_error(tmp_path):
-    path = tmp_path / "val.bin"
-    write_tokens(path, [np.arange(9)], vocab_size=16)  # a block of 8 and one more
-    assert windows(path, 8).tolist() == [list(range(9))]
-    ((x, y),) = Batches(path, 8, 3, 1, 0, 1, seed=0, device="cpu")(0)
-    assert x.tolist() == [list(range(8))] * 3 and y.tolist() == [list(range(1, 9))] * 3
-    ((x, y),) = eval_batches(path, 8, 4, "cpu")
-    assert x.tolist() == [list(range(8))] and y.tolist() == [list(range(1, 9))]
+def test_a_split_of_one_window_works_on_any_device_and_a_shorter_one_is_a_user_error():
+    write_tokens("val.bin", [range(9)], 16)  # a block of 8 and one more
+    for device in "meta", "cpu":
+        batches = [
+            *Batches("val.bin", 8, 3, 1, 0, 1, 0, device)(0),
+            *eval_batches("val.bin", 8, 4, device),
+        ]
+        assert [(*x.shape, x.device.type, y.device.type) for x, y in batches] == [
+            (3, 8, device, device),
+            (1, 8, device, device),
+        ]
+    xy = [*range(8), *range(1, 9)]  # a row's x, then its y
+    assert [torch.cat(b, 1).tolist() for b in batches] == [[xy] * 3, [xy]]
     for block_size in 9, 10:
-        message = f"{path} holds 9 tokens, not a block of {block_size} and one more; lower --block-"
-        message += "size, or prepare more text"
-        with pytest.raises(UserError) as e:
-            Batches(path, block_size, 1, 1, 0, 1, seed=0, device="cpu")
-        assert str(e.value) == message
-        with pytest.raises(UserError) as e:
-            eval_batches(path, block_size, 1, "cpu")
-        assert str(e.value) == message
-
-
-def test_a_dataset_of_other_text_or_tokenizer_is_replaced_only_with_force(tmp_path, capsys):
-    for d, text in ("d1", "some text\n" * 40), ("d2", "other words\n" * 40):
-        (tmp_path / d).mkdir()
-        (tmp_path / d / "input.txt").write_text(text)
-    root = str(tmp_path / "prepared")
-    prepare(text=str(tmp_path / "d1" / "input.txt"), tokenizer="char", root=root)
-    prepare(text=str(tmp_path / "d1" / "input.txt"), tokenizer="char", root=root)
-    assert capsys.readouterr().out.splitlines()[-1] == f"input: up to date in {root}/input"
-    before = tree(tmp_path / "prepared" / "input")
-    for other in (
-        dict(text=str(tmp_path / "d2" / "input.txt"), tokenizer="char"),
-        dict(text=str(tmp_path / "d1" / "input.txt"), tokenizer="gpt2"),
-    ):
-        with pytest.raises(
-            UserError, match="holds dataset input of other text or another tokenizer; give --force"
-        ):
-            prepare(root=root, **other)
-        assert tree(tmp_path / "prepared" / "input") == before
-    prepare(text=str(tmp_path / "d2" / "input.txt"), tokenizer="char", root=root, force=True)
-    assert decoded(tmp_path / "prepared" / "input") == "other words\n" * 40
-
-
-def test_files_naming_a_file_that_does_not_exist_is_one_line(tmp_path):
-    with pytest.raises(UserError, match=r"^--files .*nothing\.jsonl: not a file$"):
-        prepare("x", files=[str(tmp_path / "nothing.jsonl")], root=str(tmp_path))
+        message = f"val.bin holds 9 tokens, not a block of {block_size} and one more; lower "
+        message += "--block-size, or prepare more text"
+        refused(message, "val.bin", block_size, 1, 1, 0, 1, 0, "cpu", call=Batches)
+        refused(message, "val.bin", block_size, 1, "cpu", call=eval_batches)

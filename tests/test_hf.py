@@ -5,425 +5,251 @@ greedy text, the same loss.
 """
 
 import json
-import os
-from dataclasses import asdict
+import runpy
+import sys
 
-import numpy as np
 import pytest
 import tokenizers
 import torch
-import torch.nn.functional as F
-import transformers
-from conftest import hf_tiny, one_error_line, script, tiny
+from conftest import hf_tiny, in_process, one_error_line, tiny
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from test_config import refused  # the one line of a UserError
+from test_sample import CHAR, sample_py, saved  # sample.py's output; a checkpoint of random weights
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import sample
 import train
-from configs import UserError
 from data.loader import read_tokens
-from data.prepare import prepare
-from data.tokenizer import CharTokenizer, GPT2Tokenizer
-from model.checkpoint import load_checkpoint, model_from, save_checkpoint
-from model.gpt import GPT, GPTConfig
+from data.prepare import read_manifest
+from data.tokenizer import tokenizer
+from model.checkpoint import load_checkpoint, model_from
+from model.gpt import GPTConfig
 from model.hf import GPT2_MANIFEST, export, load_gpt2, main
 
-EXPORTED = ["config.json", "manifest.json", "model.safetensors", "tokenizer.json"]
-EXPORTED.append("tokenizer_config.json")
+EXPORTED = (
+    "config.json manifest.json model.safetensors tokenizer.json tokenizer_config.json".split()
+)
 
 
-def sharpen(run) -> None:
-    """Give a run's best.pt sharp random weights, so that greedy text varies from token to
-    token."""
-    checkpoint = load_checkpoint(run)
-    model = model_from(checkpoint)
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A run folder of a char model (test_sample's manifest): its best.pt."""
+    return saved(tmp_path_factory.mktemp("run") / "best.pt").parent
+
+
+def assert_same_logits(ours, hf):
     torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.5)
-    checkpoint["model"] = model.state_dict()
-    save_checkpoint(checkpoint, run / "best.pt")
-
-
-@pytest.fixture(scope="module")
-def char_run(tmp_path_factory, data_root):
-    """A tiny char run of GPT-2's shape (trained, then sharpened)."""
-    folder = tmp_path_factory.mktemp("char")
-    fields = dict(pos_emb="learned", activation="gelu", bias=True, threads=1)
-    train.train(tiny(folder, data_root, **fields))
-    sharpen(folder / "run")
-    return folder / "run"
-
-
-@pytest.fixture(scope="module")
-def gpt2_run(tmp_path_factory):
-    """A tiny run on shakespeare in GPT-2's tokens (trained, then sharpened)."""
-    folder = tmp_path_factory.mktemp("gpt2")
-    prepare("shakespeare", root=str(folder), quiet=True)
-    cfg = tiny(folder, folder, dataset="shakespeare", n_layer=1, n_embd=16, threads=1)
-    train.train(cfg)
-    sharpen(folder / "run")
-    return folder / "run"
-
-
-def sample_greedy(capsys, *argv, n: int) -> str:
-    """sample.py's output at temperature 0, n new tokens."""
-    sample.main([*map(str, argv), "--temperature", "0", "--max-new-tokens", str(n)])
-    return capsys.readouterr().out
-
-
-def assert_same_logits(ours: GPT, hf, vocab: int) -> None:
-    x = torch.randint(
-        0, vocab, (2, ours.config.block_size), generator=torch.Generator().manual_seed(0)
-    )
+    x = torch.randint(0, hf.config.vocab_size, (2, ours.config.block_size))
     with torch.no_grad():  # the same sums in float32, in another order
-        expected = hf(x).logits
-        got = ours.eval()(x)[0][..., : expected.size(-1)]
+        got, expected = ours.eval()(x)[0][..., : hf.config.vocab_size], hf.eval()(x).logits
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
 
 
-# ------------------------------------------------------------------ load_gpt2
-
-
-@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
-@pytest.mark.parametrize("form", ["safetensors", "pytorch_model.bin", "bare keys"])
-def test_load_gpt2_of_a_transformers_folder_gives_its_logits(tmp_path, tie, form):
-    hf = hf_tiny(tie)
+@pytest.mark.parametrize(
+    "case", ["tied", "untied", "bin", "bare keys", "bare config", "gelu", "hub"]
+)
+def test_load_gpt2_of_a_folder_or_a_cached_hub_id_gives_transformers_logits(
+    case, tmp_path, hub_cache, network_calls
+):
+    tie = case != "untied"
+    hf = hf_tiny(tie, activation_function="gelu" if case == "gelu" else "gelu_new")  # gelu: exact
+    bare = '{"vocab_size": 37, "n_layer": 2, "n_head": 2, "n_embd": 16}'  # no positions, tying
+    if case == "bare config":  # a config.json without n_positions or tying: GPT-2's
+        hf = GPT2LMHeadModel(GPT2Config(**json.loads(bare)))
     hf.save_pretrained(tmp_path)
+    hub_cache("tiny-org/tiny-gpt2", hf)
     state = load_file(tmp_path / "model.safetensors")
-    assert ("lm_head.weight" in state) == (not tie)  # transformers leaves a tied head out
-    if form == "pytorch_model.bin":  # what older transformers wrote
+    assert ("lm_head.weight" in state) != tie  # transformers leaves a tied head out
+    if case == "bin":  # what older transformers wrote
         (tmp_path / "model.safetensors").unlink()
         torch.save(state, tmp_path / "pytorch_model.bin")
-    if form == "bare keys":  # as the hub's gpt2 has them: no "transformer.", old mask buffers
+    if case == "bare keys":  # as the hub's gpt2 has them: no "transformer.", old mask buffers
         state = {k.removeprefix("transformer."): v for k, v in state.items()}
-        for i in range(2):
-            state[f"h.{i}.attn.bias"] = torch.ones(1, 1, 24, 24)
-            state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+        state |= {"h.0.attn.bias": torch.ones(1, 1, 24, 24), "h.1.attn.masked_bias": torch.ones(())}
         save_file(state, tmp_path / "model.safetensors")
-    ours, manifest = load_gpt2(str(tmp_path), dropout=0.25)
+    if case == "bare config":
+        (tmp_path / "config.json").write_text(bare)
+    ours, manifest = load_gpt2("tiny-org/tiny-gpt2" if case == "hub" else tmp_path, 0.25)
     assert manifest == GPT2_MANIFEST == {"tokenizer": "gpt2", "vocab_size": 50257, "chars": None}
-    assert asdict(ours.config) == asdict(GPTConfig(37, 24, 2, 2, 16, dropout=0.25, tie_weights=tie))
+    activation = "gelu_exact" if case == "gelu" else "gelu"
+    assert ours.config == GPTConfig(  # n_positions: 1024 for the bare config
+        37, hf.config.n_positions, 2, 2, 16, 0.25, activation=activation, tie_weights=tie
+    )
     assert (ours.lm_head.weight is ours.transformer.wte.weight) == tie
-    assert_same_logits(ours, hf, 37)
-
-
-def test_a_config_without_positions_or_tying_takes_gpt2s(tmp_path):
-    config = transformers.GPT2Config(
-        vocab_size=37, n_positions=1024, n_embd=16, n_layer=1, n_head=2
+    assert_same_logits(ours, hf)
+    assert network_calls == []
+    # GPT-2's tokenizer has 50257 tokens: sample.py cannot draw with these 37 rows
+    assert refused(["--init-from", str(tmp_path)], sample.main) == (
+        "the model's vocabulary (37) is smaller than its tokenizer's (50257); "
+        "train one with --vocab-size 50257 or more"
     )
-    torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(config).eval()
-    hf.save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())
-    keep = {k: saved[k] for k in ("vocab_size", "n_layer", "n_head", "n_embd")}
-    (tmp_path / "config.json").write_text(json.dumps(keep))
-    ours, _ = load_gpt2(str(tmp_path))
-    assert ours.config.block_size == 1024 and ours.config.tie_weights
-    assert ours.lm_head.weight is ours.transformer.wte.weight
-    assert_same_logits(ours, hf, 37)
+    if case == "hub":  # an id the cache lacks, offline: one line naming hf download
+        message = refused("tiny-org/absent", load_gpt2)
+        assert network_calls  # the hub was asked, and refused
+        assert message.startswith(
+            "--init-from tiny-org/absent: no such folder, and the hub did not "
+        )
+        assert message.endswith(
+            "; where there is internet, `hf download tiny-org/absent --include '*.json' --include "
+            "'*.safetensors' --local-dir models/tiny-org/absent`, then --init-from "
+            "models/tiny-org/absent"
+        )
 
 
-def test_a_folder_of_exact_gelu_loads_as_gelu_exact(tmp_path):
-    hf = hf_tiny(activation_function="gelu")  # transformers' "gelu" is the exact one
-    hf.save_pretrained(tmp_path)
-    ours, _ = load_gpt2(str(tmp_path))
-    assert ours.config.activation == "gelu_exact"
-    assert_same_logits(ours, hf, 37)
+SHAPE = '"vocab_size": 37, "n_positions": 24, "n_layer": 2, "n_head": 2'
+MISSING, OTHER = "transformer.h.1.mlp.c_fc.weight", "transformer.h.0.attn.q_norm.weight"
 
 
-def test_a_cached_hub_id_loads_without_the_network(hub_cache, network_calls):
-    hf = hf_tiny(False)
-    hub_cache("tiny-org/tiny-gpt2", hf)
-    ours, manifest = load_gpt2("tiny-org/tiny-gpt2")
-    assert manifest == GPT2_MANIFEST and network_calls == []
-    assert_same_logits(ours, hf, 37)
-
-
-def test_a_hub_id_not_cached_offline_is_one_line_naming_hf_download(hub_cache, network_calls):
-    hub_cache("tiny-org/other", hf_tiny())  # the cache holds another model only
-    with pytest.raises(UserError) as e:
-        load_gpt2("tiny-org/absent")
-    message = str(e.value)
-    assert "\n" not in message and network_calls  # the hub was asked, and refused
-    assert message.startswith("--init-from tiny-org/absent: no such folder, and the hub did not ")
-    assert message.endswith(
-        "; where there is internet, `hf download tiny-org/absent --include '*.json' --include "
-        "'*.safetensors' --local-dir models/tiny-org/absent`, then --init-from "
-        "models/tiny-org/absent"
-    )
-
-
-def break_config(folder):
-    (folder / "config.json").write_text('{"vocab_size": 37,')
-
-
-def other_shape(folder):
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(config | {"n_embd": 32}))
-
-
-def missing_weight(folder):
-    state = load_file(folder / "model.safetensors")
-    del state["transformer.h.1.mlp.c_fc.weight"]
-    save_file(state, folder / "model.safetensors")
-
-
-def other_model(folder):
-    state = load_file(folder / "model.safetensors")
-    save_file(
-        state | {"transformer.h.0.attn.q_norm.weight": torch.ones(8)}, folder / "model.safetensors"
-    )
-
-
-def relu(folder):
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(config | {"activation_function": "relu"}))
-
-
-def truncated(folder):
-    data = (folder / "model.safetensors").read_bytes()
-    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
-
-
-@pytest.mark.parametrize(
-    "spoil, says",
+@pytest.mark.parametrize(  # change: None, the file removed; text, the file's; a dict, merged in
+    "file, change, says",
     [
-        (lambda folder: (folder / "config.json").unlink(), "(FileNotFoundError: "),
-        (break_config, "(JSONDecodeError: "),
-        (lambda folder: (folder / "model.safetensors").unlink(), "pytorch_model.bin"),
-        (other_shape, "(RuntimeError: Error(s) in loading state_dict for GPT"),
-        (missing_weight, 'Missing key(s) in state_dict: "transformer.h.1.mlp.c_fc.weight"'),
-        (other_model, 'Unexpected key(s) in state_dict: "transformer.h.0.attn.q_norm.weight"'),
-        (truncated, "(SafetensorError: "),
-        (relu, "(KeyError: 'relu')"),
-    ],
-    ids=[
-        "no config.json",
-        "bad config.json",
-        "no weights",
-        "other shape",
-        "missing weight",
-        "other model",
-        "truncated",
-        "relu",
+        ("config.json", None, "(FileNotFoundError: "),
+        ("config.json", "{" + SHAPE, "(JSONDecodeError: "),
+        ("config.json", f'{{{SHAPE}, "n_embd": 32}}', "(RuntimeError: Error(s) in loading "),
+        (
+            "config.json",
+            f'{{{SHAPE}, "n_embd": 16, "activation_function": "relu"}}',
+            "(KeyError: 'relu')",
+        ),
+        ("model.safetensors", None, "pytorch_model.bin"),
+        ("model.safetensors", "not safetensors", "(SafetensorError: "),
+        ("model.safetensors", {MISSING: None}, f'Missing key(s) in state_dict: "{MISSING}"'),
+        (
+            "model.safetensors",
+            {OTHER: torch.ones(8)},
+            f'Unexpected key(s) in state_dict: "{OTHER}"',
+        ),
     ],
 )
-def test_a_folder_that_is_not_gpt2_is_one_line(tmp_path, spoil, says):
+def test_a_folder_that_is_not_gpt2_is_one_line(tmp_path, file, change, says):
     hf_tiny().save_pretrained(tmp_path)
-    spoil(tmp_path)
-    with pytest.raises(UserError) as e:
-        load_gpt2(str(tmp_path))
-    message = str(e.value)
-    assert message.startswith(f"{tmp_path} is not a Hugging Face GPT-2 folder (")
-    assert "\n" not in message and says in message
+    path = tmp_path / file
+    if change is None:
+        path.unlink()
+    elif isinstance(change, str):
+        path.write_text(change)
+    else:  # a weight None: left out
+        save_file({k: v for k, v in (load_file(path) | change).items() if v is not None}, path)
+    message = refused(tmp_path, load_gpt2)
+    assert (
+        message.startswith(f"{tmp_path} is not a Hugging Face GPT-2 folder (") and says in message
+    )
 
 
-# ------------------------------------------------------------------ export
-
-
-def test_an_exported_char_run_loads_in_transformers_with_our_logits_tokens_and_text(
-    char_run, tmp_path, capsys, network_calls
+@pytest.mark.parametrize("kind", ["char", "gpt2", "padded"])  # padded: 80 rows, 65 ids; untied
+def test_an_export_loads_in_transformers_with_our_logits_tokens_and_text(
+    kind, tmp_path, capsys, network_calls
 ):
-    out = tmp_path / "hf"
-    main(["export", str(char_run), str(out)])
+    manifest = GPT2_MANIFEST if kind == "gpt2" else CHAR
+    padded = kind == "padded"
+    run = saved(
+        tmp_path / "run.pt", manifest, **dict(vocab_size=80, tie_weights=False) if padded else {}
+    )
+    (out := tmp_path / "hf").mkdir()  # an empty folder is as good as a new one
+    main(["export", str(run), str(out)])
     assert capsys.readouterr().out == (
         f"wrote {out}: {', '.join(EXPORTED)}\n"
         f"load it with transformers: AutoModelForCausalLM.from_pretrained('{out}'), "
         f"AutoTokenizer.from_pretrained('{out}')\n"
     )
-    checkpoint = load_checkpoint(char_run)
-    config = json.loads((out / "config.json").read_text())
-    assert (config["vocab_size"], config["n_positions"], config["n_layer"]) == (65, 32, 2)
-    assert json.loads((out / "manifest.json").read_text()) == checkpoint["manifest"]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    assert hf.config.eos_token_id is None and hf.config.tie_word_embeddings
-    assert_same_logits(model_from(checkpoint), hf, 65)
-
-    tok = transformers.AutoTokenizer.from_pretrained(out)
-    ours = CharTokenizer(checkpoint["manifest"]["chars"])
-    text = "ROMEO:\nO, speak  again, bright angel!\n\n  What's 3?"
-    ids = tok(text).input_ids
-    assert ids == ours.encode(text) and tok.decode(ids) == text
-    with pytest.raises(Exception, match="UNK"):  # a character it lacks: refused, as ours does
-        tok("ROMEO: ☃")
-    assert len(tok) == 65 and tok.eos_token is None and tok.model_max_length == 32
-
-    prompt = "ROMEO:"
-    greedy = hf.generate(
-        tok(prompt, return_tensors="pt").input_ids,
-        max_new_tokens=16,
-        do_sample=False,
-        pad_token_id=0,
+    assert json.loads((out / "manifest.json").read_text()) == manifest
+    vocab, eot = manifest["vocab_size"], 50256 if kind == "gpt2" else None
+    # what transformers and the hub read: the shape, GPT-2's tanh GELU, no dropout, end-of-text
+    fields = json.loads(
+        '{"architectures": ["GPT2LMHeadModel"], "activation_function": "gelu_new", "n_layer": 2, '
+        '"n_positions": 32, "resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0}'
     )
-    expected = tok.decode(greedy[0])
-    assert expected.startswith(prompt) and len(set(expected[len(prompt) :])) > 4
-    assert sample_greedy(capsys, "--out-dir", char_run, "--prompt", prompt, n=16) == expected + "\n"
-    # and back: the export samples as the run does
-    assert sample_greedy(capsys, "--init-from", out, "--prompt", prompt, n=16) == expected + "\n"
+    fields |= dict(
+        vocab_size=vocab, tie_word_embeddings=not padded, bos_token_id=eot, eos_token_id=eot
+    )
+    assert json.loads((out / "config.json").read_text()).items() >= fields.items()
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+    hf = AutoModelForCausalLM.from_pretrained(out)
+    assert_same_logits(model_from(load_checkpoint(run)), hf)
+
+    tok = AutoTokenizer.from_pretrained(out)
+    assert (len(tok), tok.eos_token_id, tok.model_max_length) == (vocab, eot, 32)
+    text = "ROMEO: I'll say it's 2024 —  naïve 日本 🤗!\n\n\tend  \n  "
+    text = text if eot else "ROMEO:\nO, speak  again, bright angel!\n\n  What's 3?"
+    ids = tok(text).input_ids
+    assert ids == tokenizer(manifest, vocab).encode(text) and tok.decode(ids) == text
+    if eot:  # end-of-text is special, to transformers and to tokenizers alone
+        alone = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+        assert (
+            tok("a<|endoftext|>b").input_ids == alone.encode("a<|endoftext|>b").ids == [64, eot, 65]
+        )
+        assert tok.eos_token == tok.bos_token == "<|endoftext|>"
+        (out / "manifest.json").unlink()  # as in a GPT-2 folder transformers wrote
+    else:
+        with pytest.raises(Exception, match="UNK"):  # a character it lacks: refused, as ours does
+            tok("ROMEO: ☃")
+
+    ids = tok("ROMEO:", return_tensors="pt").input_ids
+    greedy = hf.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)[0]
+    assert len(set(greedy[ids.size(1) :].tolist())) > 4  # varied text, or equality proves little
+    expected = tok.decode(greedy, skip_special_tokens=True)
+    for weights in f"--out-dir {run}", f"--init-from {out}":  # and back: the export samples alike
+        text = sample_py(capsys, weights + " --prompt ROMEO: --temperature 0 --max-new-tokens 16")
+        assert text == expected + "\n" * (not expected.endswith("\n"))
     assert network_calls == []
 
 
-def test_an_exported_gpt2_run_has_gpt2s_tokenizer_in_transformers(gpt2_run, tmp_path, capsys):
-    out = export(str(gpt2_run), str(tmp_path / "hf"))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    config = hf.config
-    assert (config.bos_token_id, config.eos_token_id, config.vocab_size) == (50256, 50256, 50257)
-    assert_same_logits(model_from(load_checkpoint(gpt2_run)), hf, 50257)
+def test_an_export_of_other_shape_or_over_other_files_is_refused_and_replaces_one_whole(
+    run, tmp_path, capsys, monkeypatch
+):
+    for shape in dict(pos_emb="rope"), dict(activation="gelu_exact"), dict(bias=False):
+        bad = saved(tmp_path / "run.pt", **shape)
+        assert (message := refused(bad, lambda bad: export(bad, tmp_path / "hf"))) == (
+            f"{bad} lacks GPT-2's learned positions, tanh GELU or biases; train with "
+            "--pos-emb learned --activation gelu --bias for a run that exports"
+        )
+        assert [p.name for p in tmp_path.iterdir()] == ["run.pt"]  # nothing written
+    # as a user runs python -m model.hf: one line
+    monkeypatch.setattr(sys, "argv", ["model/hf.py", "export", str(bad), str(tmp_path / "hf")])
+    monkeypatch.delitem(sys.modules, "model.hf")  # run afresh as __main__
+    proc = in_process(lambda argv: runpy.run_module("model.hf", run_name="__main__"))
+    assert one_error_line(proc) == f"error: {message}"
 
-    tok = transformers.AutoTokenizer.from_pretrained(out)
-    assert tok.eos_token == tok.bos_token == "<|endoftext|>"
-    assert (tok.eos_token_id, len(tok)) == (50256, 50257)
-    bpe = GPT2Tokenizer()
-    text = "ROMEO: I'll say it's 2024 —  naïve 日本 🤗!\n\n\tend  \n  "
-    ids = tok(text).input_ids
-    assert ids == bpe.encode(text) and tok.decode(ids) == text
-    assert tok("a<|endoftext|>b").input_ids == [64, 50256, 65]
-    alone = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))  # without transformers
-    assert alone.encode("a<|endoftext|>b").ids == [64, 50256, 65]
-
-    prompt = "ROMEO: Hello"
-    greedy = hf.generate(
-        tok(prompt, return_tensors="pt").input_ids, max_new_tokens=12, do_sample=False
-    )
-    expected = tok.decode(greedy[0], skip_special_tokens=True)
-    new = greedy[0, len(bpe.encode(prompt)) :].tolist()
-    assert len(set(new)) > 4  # varied text, or equality would prove little
-    out = sample_greedy(capsys, "--out-dir", gpt2_run, "--prompt", prompt, n=12)
-    assert out == expected + "\n" * (not expected.endswith("\n"))
-
-
-@pytest.mark.parametrize(
-    "shape",
-    [dict(pos_emb="rope"), dict(activation="gelu_exact"), dict(bias=False)],
-    ids=["rope", "gelu_exact", "no bias"],
-)
-def test_a_run_not_of_gpt2s_shape_is_refused_naming_the_flags(tmp_path, shape):
-    config = GPTConfig(65, 8, 1, 2, 16, **shape)
-    manifest = {"tokenizer": "char", "vocab_size": 65, "chars": "".join(map(chr, range(40, 105)))}
-    checkpoint = {"model": GPT(config).state_dict(), "model_config": asdict(config)}
-    save_checkpoint(checkpoint | {"manifest": manifest}, tmp_path / "run.pt")
-    with pytest.raises(UserError) as e:
-        export(str(tmp_path / "run.pt"), str(tmp_path / "hf"))
-    assert str(e.value) == (
-        f"{tmp_path / 'run.pt'} lacks GPT-2's learned positions, tanh GELU or biases; train with "
-        "--pos-emb learned --activation gelu --bias for a run that exports"
-    )
-    assert sorted(os.listdir(tmp_path)) == ["run.pt"]  # nothing written
-    if "pos_emb" in shape:  # as a user runs it: one line
-        proc = script("-m", "model.hf", "export", tmp_path / "run.pt", tmp_path / "hf")
-        assert "--pos-emb learned --activation gelu --bias" in one_error_line(proc)
-
-
-def test_exporting_into_a_folder_of_other_files_is_refused(char_run, tmp_path):
+    out = export(saved(tmp_path / "gpt2.pt", GPT2_MANIFEST), tmp_path / "hf")
+    assert export(run, out) == out  # an earlier export: replaced whole
+    files = lambda folder: {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert files(out) == files(export(run, tmp_path / "fresh")) and sorted(files(out)) == EXPORTED
+    (out / "README.md").write_text("a card the user wrote beside an export: not the export's")
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")
     (tmp_path / "file").write_text("mine")
-    for target in tmp_path / "mine", char_run, tmp_path / "file":
-        before = sorted(os.listdir(target)) if target.is_dir() else None
-        with pytest.raises(UserError) as e:
-            export(str(char_run), str(target))
-        assert str(e.value) == (
+    tree = lambda: [
+        (p, p.is_file() and p.read_bytes()) for p in [*tmp_path.rglob("*"), *run.iterdir()]
+    ]
+    before = tree()
+    for target in out, tmp_path / "mine", run, tmp_path / "file":
+        assert refused(target, lambda target: export(run, target)) == (
             f"{target} holds something else than an export; export into a new folder"
         )
-        assert (sorted(os.listdir(target)) if target.is_dir() else None) == before
-    assert (tmp_path / "file").read_text() == "mine"
-    assert sorted(os.listdir(tmp_path)) == ["file", "mine"]  # no temporary folder left
-    (tmp_path / "empty").mkdir()  # an empty folder is as good as a new one
-    assert sorted(os.listdir(export(str(char_run), str(tmp_path / "empty")))) == EXPORTED
-
-
-def test_exporting_again_replaces_an_earlier_export_whole(char_run, gpt2_run, tmp_path):
-    out = export(str(gpt2_run), str(tmp_path / "hf"))
-    assert export(str(char_run), str(out)) == out
-    assert sorted(os.listdir(out)) == EXPORTED and sorted(os.listdir(tmp_path)) == ["hf"]
-    assert json.loads((out / "config.json").read_text())["vocab_size"] == 65
-    assert json.loads((out / "manifest.json").read_text())["tokenizer"] == "char"
-    tok = transformers.AutoTokenizer.from_pretrained(out)
-    assert tok("ROMEO").input_ids == CharTokenizer(
-        load_checkpoint(char_run)["manifest"]["chars"]
-    ).encode("ROMEO")
-    (out / "README.md").write_text("a card the user wrote beside an export")  # not the export's own
-    with pytest.raises(UserError, match="holds something else than an export"):
-        export(str(char_run), str(out))
-    assert (out / "README.md").is_file()
-
-
-def test_a_padded_vocabulary_exports_only_the_tokenizers_rows(tmp_path, data_root):
-    train.train(tiny(tmp_path, data_root, vocab_size=80, tie_weights=False, max_iters=2, threads=1))
-    run = tmp_path / "run"
-    ours = model_from(load_checkpoint(run))
-    assert ours.lm_head.weight.shape == (80, 16)
-    out = export(str(run), str(tmp_path / "hf"))
-    state = load_file(out / "model.safetensors")
-    assert state["transformer.wte.weight"].shape == state["lm_head.weight"].shape == (65, 16)
-    assert torch.equal(state["lm_head.weight"], ours.lm_head.weight[:65])
-    assert torch.equal(state["transformer.wte.weight"], ours.transformer.wte.weight[:65])
-    assert torch.equal(
-        state["transformer.h.0.attn.c_attn.weight"], ours.transformer.h[0].attn.c_attn.weight.t()
-    )
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    assert hf.config.vocab_size == 65 and not hf.config.tie_word_embeddings
-    assert_same_logits(ours, hf, 65)  # our logits of the tokenizer's 65 ids
-
-
-def hf_loss(hf, path, block: int, windows: int | None = None) -> float:
-    """transformers' mean loss per token on the windows at 0, block, 2 x block... of a token
-    file (the first `windows` of them), as train.py's evaluate() reads them."""
-    tokens = torch.from_numpy(read_tokens(path).astype(np.int64))
-    starts = list(range(0, len(tokens) - block, block))[:windows]
-    rows = torch.stack([tokens[s : s + block + 1] for s in starts])
-    with torch.no_grad():
-        logits = torch.cat([hf(chunk[:, :-1]).logits for chunk in rows.split(512)])
-    return F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()).item()
-
-
-def test_init_from_an_export_trains_on_and_eval_only_equals_transformers_loss(
-    char_run, tmp_path, data_root, capsys
-):
-    out = export(str(char_run), str(tmp_path / "hf"))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    val = data_root / "shakespeare_char" / "val.bin"
-
-    result = train.train(
-        tiny(tmp_path, data_root, eval_only=True, init_from=str(out), dtype="float32", threads=1)
-    )
-    assert result["val_loss"] == pytest.approx(hf_loss(hf, val, 32), abs=1e-4)  # 871 batches
-    assert f"{out} on shakespeare_char, windows of 32:" in capsys.readouterr().out
-    assert not (tmp_path / "run").exists()  # eval-only writes nothing
-
-    result = train.train(
-        tiny(
-            tmp_path,
-            data_root,
-            init_from=str(out),
-            dtype="float32",
-            max_iters=2,
-            eval_interval=2,
-            threads=1,
-        )
-    )
-    assert result["step"] == 2 and (tmp_path / "run" / "ckpt.pt").is_file()
-    assert load_checkpoint(tmp_path / "run")["manifest"] == load_checkpoint(char_run)["manifest"]
-
-
-def test_an_export_says_what_transformers_and_the_hub_read_and_the_cli_names_itself(
-    gpt2_run, tmp_path, capsys
-):
-    """The fields the hub's widgets and transformers read besides the shape: the architecture,
-    GPT-2's tanh GELU, no dropout, the end-of-text id, and safetensors' "pt" format."""
-    from safetensors import safe_open
-
-    out = export(str(gpt2_run), str(tmp_path / "hf"))
-    config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == ["GPT2LMHeadModel"]
-    assert config["activation_function"] == "gelu_new"
-    assert config["resid_pdrop"] == config["embd_pdrop"] == config["attn_pdrop"] == 0.0
-    assert config["bos_token_id"] == config["eos_token_id"] == 50256
-    with safe_open(out / "model.safetensors", "pt") as f:
-        assert f.metadata() == {"format": "pt"}
+    assert tree() == before  # as they were, and no temporary folder left
     with pytest.raises(SystemExit):
         main(["--help"])
     assert capsys.readouterr().out.startswith("usage: python -m model.hf [-h] {export}")
-    with pytest.raises(UserError, match="invalid choice: 'import'"):
-        main(["import", str(gpt2_run), str(tmp_path / "x")])
+    assert "invalid choice: 'import'" in refused(["import", str(run), str(out)], main)
+
+
+def test_init_from_an_export_trains_on_and_eval_only_equals_transformers_loss(
+    run, tmp_path, data_root, capsys
+):
+    out = export(run, tmp_path / "hf")
+    # transformers' mean loss on the windows at 0, 32, 64... of val, as evaluate() reads them
+    val = torch.from_numpy(read_tokens(data_root / "shakespeare_char/val.bin").astype("int64"))
+    rows = val.unfold(0, 33, 32)
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(out)(rows[:, :-1]).logits
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()).item()
+    kw = dict(init_from=str(out), dtype="float32", threads=1, eval_batch_size=512)
+    result = train.train(tiny(tmp_path, data_root, eval_only=True, **kw))["val_loss"]
+    assert result == pytest.approx(expected, abs=1e-4)
+    assert f"{out} on shakespeare_char, windows of 32:" in capsys.readouterr().out
+    assert not (tmp_path / "run").exists()  # eval-only writes nothing
+    assert train.train(tiny(tmp_path, data_root, max_iters=2, eval_interval=2, **kw))["step"] == 2
+    manifest = read_manifest(data_root / "shakespeare_char")  # its own, not the export's
+    assert load_checkpoint(tmp_path / "run/ckpt.pt")["manifest"] == manifest

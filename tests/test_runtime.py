@@ -1,471 +1,296 @@
 """Where a run runs (training/runtime.py), decided on faked machines.
 
 setup()'s device, dtype, compile and threads; cpu_has_bf16, idle_cores and check_fits on faked
-/proc files; and the first line that train.py prints.
+/proc files; a step's memory, measured; and the first line and the mfu that train.py writes.
 
 Every test fakes what torch and Linux report, so that each kind of machine is decided here,
 whatever this one is; nothing touches a real GPU.
 """
 
-import importlib.util
 import io
 import json
 import os
 import warnings
 from dataclasses import replace
+from importlib.util import find_spec
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, script, tiny
+from conftest import in_process, script, tiny_args
 
-import configs
 import train
-from configs import UserError, load_config
-from model.checkpoint import load_checkpoint
-from model.gpt import GPT, GPTConfig
-from training import runtime
-from training.runtime import Runtime, check_fits, peak_flops, setup, step_memory
+from configs import UserError, cpu_has_bf16, load_config
+from model.gpt import GPT
+from training.runtime import Runtime, check_fits, idle_cores, peak_flops, setup, step_memory
 
-# The real functions, as imported before conftest's CPU_BF16 fixture can stand in for them.
-cpu_has_bf16, idle_cores = configs.cpu_has_bf16, runtime.idle_cores
+TINY = load_config("tiny")
 
 
-@pytest.fixture
-def machine(monkeypatch):
-    """A fake machine: the test sets what torch and the CPU report; setup() records what it asks."""
-    m = SimpleNamespace(
-        cuda=False,
-        capability=(8, 0),
-        asked=[],  # the GPUs whose capability was asked
-        cxx=True,
-        mps=False,
-        triton=True,
-        cpu_bf16=False,
-        idle=1,
-        idle_calls=0,
-        devices=[],
-        precision=[],
-    )
-    find_spec = importlib.util.find_spec
+def rows(text):
+    """The `a => b` lines of text, as [a, b] (or more columns)."""
+    return [line.split(" => ") for line in text.strip().splitlines()]
 
-    def find(name, *args):
-        return (object() if m.triton else None) if name == "triton" else find_spec(name, *args)
 
-    def idle():
-        m.idle_calls += 1
-        return m.idle
+# What the machine has (None: no C++ compiler, no Triton), the environment (X_Y) and the flags
+# (TrainConfig's) => what setup() decides: the device, autocast's dtype, torch's threads (3 before),
+# compile, each idle_cores() it asked, and the seed where it is not tiny's 1337 (the config's plus
+# the rank); or its error.
+MACHINE = "cuda=False mps=False capability=(8,0) cxx=True triton=True cpu_bf16=False idle=1"
+SETUPS = """
+cuda=True mps=True => cuda:0 bfloat16 threads=3
+mps=True cpu_bf16=True => mps float32 threads=3
+cpu_bf16=False => cpu float32 threads=1 idle_cores()
+cpu_bf16=True => cpu bfloat16 threads=1 idle_cores()
+cuda=True LOCAL_RANK=3 => cuda:3 bfloat16 threads=3
+cuda=True capability=(7,5) cpu_bf16=True LOCAL_RANK=3 => cuda:3 float16 threads=3
+cuda=True capability=(7,5) device='cuda' dtype='float32' => cuda:0 float32 threads=3
+cuda=True capability=(7,5) device='cuda' dtype='bfloat16' => cuda:0 bfloat16 threads=3
+cuda=True device='cuda' dtype='float16' => cuda:0 float16 threads=3
+cpu_bf16=True device='cpu' dtype='float32' => cpu float32 threads=1 idle_cores()
+device='cpu' dtype='bfloat16' => cpu bfloat16 threads=1 idle_cores()
+cpu_bf16=True dtype='float16' => cpu float16 threads=1 idle_cores()
+mps=True cpu_bf16=True device='mps' dtype='float32' => mps float32 threads=3
+mps=True device='mps' dtype='bfloat16' => mps bfloat16 threads=3
+mps=True dtype='float16' => mps float16 threads=3
+device='cuda' => --device cuda, but torch cannot use one here; use --device auto
+device='mps' => --device mps, but torch cannot use one here; use --device auto
+cuda=True device='cpu' => cpu float32 threads=1 idle_cores()
+compile=True triton=None => cpu float32 threads=1 compiled idle_cores()
+compile=True cxx=None => cpu float32 threads=1 idle_cores()
+cuda=True capability=(7,0) cxx=None compile=True => cuda:0 float16 threads=3 compiled
+cuda=True capability=(9,0) compile=True => cuda:0 bfloat16 threads=3 compiled
+cuda=True capability=(6,1) compile=True => cuda:0 float16 threads=3
+cuda=True triton=None compile=True => cuda:0 bfloat16 threads=3
+mps=True compile=True => mps float32 threads=3
+idle=2 => cpu float32 threads=2 idle_cores()
+idle=4 LOCAL_WORLD_SIZE=2 => cpu float32 threads=2 idle_cores()
+idle=5 LOCAL_WORLD_SIZE=2 => cpu float32 threads=2 idle_cores()
+idle=1 LOCAL_WORLD_SIZE=2 => cpu float32 threads=1 idle_cores()
+idle=2 threads=4 => cpu float32 threads=4
+OMP_NUM_THREADS=3 => cpu float32 threads=3
+OMP_NUM_THREADS=3 threads=2 => cpu float32 threads=2
+cuda=True idle=2 threads=2 => cuda:0 bfloat16 threads=3
+seed=5 => cpu float32 threads=1 idle_cores() seed=5
+RANK=2 seed=3 => cpu float32 threads=1 idle_cores() seed=5"""
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: m.cuda)
-    monkeypatch.setattr(
-        torch.cuda, "get_device_capability", lambda *a: m.asked.append(a) or m.capability
-    )
-    monkeypatch.setattr(runtime.shutil, "which", lambda name: name if m.cxx else None)
-    monkeypatch.setattr(torch.cuda, "set_device", m.devices.append)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
-    monkeypatch.setattr(torch.mps, "is_available", lambda: m.mps)
-    monkeypatch.setattr(torch, "set_float32_matmul_precision", m.precision.append)
-    monkeypatch.setattr(importlib.util, "find_spec", find)
-    monkeypatch.setattr(configs, "cpu_has_bf16", lambda: m.cpu_bf16)
-    monkeypatch.setattr(runtime, "idle_cores", idle)
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
+
+@pytest.mark.parametrize("given, decided", rows(SETUPS))
+def test_setup_decides_device_dtype_threads_and_compile(monkeypatch, given, decided):
+    m, fields, gpu, idled = SimpleNamespace(), {}, [], []
+    for name in "RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE OMP_NUM_THREADS".split():
         monkeypatch.delenv(name, raising=False)
-    return m
-
-
-def cfg(**fields):
-    return replace(load_config("tiny"), **fields)
-
-
-@pytest.mark.parametrize(
-    "cuda, mps, device",
-    [(True, True, "cuda:0"), (True, False, "cuda:0"), (False, True, "mps"), (False, False, "cpu")],
-)
-def test_auto_picks_cuda_then_mps_then_cpu(machine, cuda, mps, device):
-    machine.cuda, machine.mps = cuda, mps
-    assert setup(cfg()).device == device
-    assert machine.devices == (["cuda:0"] if cuda else [])
-    assert machine.precision == (["high"] if cuda else [])  # TF32 matmuls on a GPU
-
-
-def test_a_gpu_is_the_local_ranks(machine, monkeypatch):
-    machine.cuda = True
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    rt = setup(cfg())
-    assert (rt.device, rt.local_rank, rt.rank, rt.world_size) == ("cuda:1", 1, 0, 1)
-    assert machine.devices == ["cuda:1"]
-
-
-@pytest.mark.parametrize(
-    "where, capability, cpu_bf16, dtype",
-    [
-        ("cuda", (8, 0), False, torch.bfloat16),  # Ampere on: bfloat16 in hardware
-        ("cuda", (7, 5), True, torch.float16),  # a T4 (a V100 is 7.0): float16 and a loss scaler
-        ("cpu", (9, 0), True, torch.bfloat16),
-        ("cpu", (9, 0), False, torch.float32),
-        ("mps", (9, 0), True, torch.float32),
-    ],
-)
-def test_auto_dtype_is_bfloat16_where_the_hardware_has_it(
-    machine, monkeypatch, where, capability, cpu_bf16, dtype
-):
-    machine.cuda, machine.mps = where == "cuda", where == "mps"
-    machine.capability, machine.cpu_bf16 = capability, cpu_bf16
-    monkeypatch.setenv("LOCAL_RANK", "3")
-    assert setup(cfg()).dtype == dtype
-    assert machine.asked[:1] == ([(3,)] if where == "cuda" else [])  # the process's own GPU
-
-
-@pytest.mark.parametrize("where", ["cuda", "cpu", "mps"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_dtype_overrides_what_auto_would_pick(machine, where, dtype):
-    machine.cuda, machine.mps = where == "cuda", where == "mps"
-    machine.cpu_bf16 = True
-    assert setup(cfg(device=where, dtype=dtype)).dtype == getattr(torch, dtype)
-
-
-@pytest.mark.parametrize("device", ["cuda", "mps"])
-def test_a_device_torch_cannot_use_is_one_line(machine, device):
-    with pytest.raises(UserError) as e:
-        setup(cfg(device=device))
-    assert str(e.value) == f"--device {device}, but torch cannot use one here; use --device auto"
-    assert machine.devices == []
-
-
-def test_device_cpu_is_taken_on_a_gpu_machine(machine):
-    machine.cuda = True
-    rt = setup(cfg(device="cpu"))
-    assert (rt.device, rt.dtype) == ("cpu", torch.float32) and machine.devices == []
-
-
-@pytest.mark.parametrize(
-    "where, capability, triton, compiles",
-    [
-        ("cpu", (8, 0), False, True),  # a C++ compiler makes a CPU's kernels
-        ("cpu", None, False, False),  # and none is installed
-        ("cuda", (7, 0), True, True),
-        ("cuda", (9, 0), True, True),
-        ("cuda", (6, 1), True, False),  # older than Volta: Triton does not compile for it
-        ("cuda", (8, 0), False, False),  # no Triton installed
-        ("mps", (8, 0), True, False),
-    ],
-)
-def test_compile_is_kept_only_where_it_can_compile(machine, where, capability, triton, compiles):
-    machine.cuda, machine.mps = where == "cuda", where == "mps"
-    machine.capability, machine.triton, machine.cxx = capability, triton, capability is not None
-    assert setup(cfg(compile=True)).compile is compiles
-    assert setup(cfg(compile=False)).compile is False
-
-
-def test_the_seed_is_the_configs_plus_the_rank(machine, monkeypatch):
-    setup(cfg(seed=5))
-    first = torch.rand(3)
-    monkeypatch.setenv("RANK", "2")  # one process without torchrun's others: no group to join
-    rt = setup(cfg(seed=3))
-    assert rt.rank == 2 and rt.world_size == 1
-    assert torch.equal(torch.rand(3), first)
-
-
-def test_threads_are_the_idle_cores(machine):
-    machine.idle = 2
-    setup(cfg())
-    assert torch.get_num_threads() == 2 and machine.idle_calls == 1
-    machine.idle = 1
-    setup(cfg())
-    assert torch.get_num_threads() == 1
-
-
-@pytest.mark.parametrize("idle, processes, threads", [(4, "2", 2), (5, "2", 2), (1, "2", 1)])
-def test_threads_share_the_idle_cores_among_a_nodes_processes(
-    machine, monkeypatch, idle, processes, threads
-):
-    machine.idle = idle
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", processes)
-    setup(cfg())
-    assert torch.get_num_threads() == threads
-
-
-def test_threads_flag_wins_over_the_idle_cores(machine):
-    machine.idle = 2
-    setup(cfg(threads=3))
-    assert torch.get_num_threads() == 3
-
-
-def test_omp_num_threads_keeps_torchs_count(machine, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    torch.set_num_threads(3)  # what torch read from it at start-up
-    machine.idle = 1
-    setup(cfg())
-    assert torch.get_num_threads() == 3 and machine.idle_calls == 0
-    setup(cfg(threads=2))  # --threads still wins
-    assert torch.get_num_threads() == 2
-
-
-def test_threads_are_left_alone_on_a_gpu(machine):
-    machine.cuda, machine.idle = True, 2
-    torch.set_num_threads(1)
-    setup(cfg(threads=2))
-    assert torch.get_num_threads() == 1 and machine.idle_calls == 0
+    for key, value in (word.split("=") for word in f"{MACHINE} {given}".split()):
+        if key.isupper():
+            monkeypatch.setenv(key, value)
+        else:
+            (fields if hasattr(TINY, key) else vars(m))[key] = eval(value)
+    # gpu: what setup() asks of the GPU; idled: its calls of idle_cores
+    for target, fake in {
+        "torch.cuda.is_available": lambda: m.cuda,
+        "torch.mps.is_available": lambda: m.mps,
+        "torch.cuda.get_device_capability": lambda *a: gpu.append(a) or m.capability,
+        "torch.cuda.set_device": gpu.append,
+        "torch.set_float32_matmul_precision": gpu.append,
+        "shutil.which": lambda name: m.cxx,
+        "importlib.util.find_spec": lambda name, *a: (
+            m.triton if name == "triton" else find_spec(name, *a)
+        ),
+        "configs.cpu_has_bf16": lambda: m.cpu_bf16,
+        "training.runtime.idle_cores": lambda: idled.append(1) or m.idle,
+    }.items():
+        monkeypatch.setattr(target, fake)
+    torch.set_num_threads(3)  # what torch took at start-up
+    try:
+        rt = setup(replace(TINY, **fields))
+    except UserError as e:
+        assert str(e) == decided and gpu == []
+        return
+    seed = torch.initial_seed()
+    shown = (
+        f"{rt.device} {str(rt.dtype)[6:]} threads={torch.get_num_threads()}"
+        f"{' compiled' * rt.compile}{' idle_cores()' * len(idled)}"
+        f"{f' seed={seed}' * (seed != 1337)}"
+    )
+    assert shown == decided and rt.world_size == 1
+    # the capability of the process's own GPU, that GPU, TF32 matmuls, then its capability again
+    assert gpu == [(rt.local_rank,), rt.device, "high", ()] * rt.device.startswith("cuda")
 
 
 def test_autocast_is_off_for_float32_and_on_otherwise():
     x = torch.ones(2, 2)
-    with warnings.catch_warnings():  # enabled for float32, torch would warn and disable it
-        warnings.simplefilter("error")
-        with Runtime("cpu", torch.float32).autocast():
-            assert not torch.is_autocast_enabled("cpu") and (x @ x).dtype == torch.float32
-    with Runtime("cpu", torch.bfloat16).autocast():
-        assert torch.is_autocast_enabled("cpu") and (x @ x).dtype == torch.bfloat16
-    with warnings.catch_warnings():  # without a GPU, torch warns and disables it
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="error"):  # on for float32, torch would warn and turn off
+        for dtype in torch.float32, torch.bfloat16:
+            with Runtime("cpu", dtype).autocast():
+                assert (x @ x).dtype == dtype
+    with warnings.catch_warnings(action="ignore"):  # without a GPU, torch warns and turns it off
         context = Runtime("cuda:1", torch.float16).autocast()
     assert (context.device, context.fast_dtype) == ("cuda", torch.float16)  # cuda:1 is a cuda
 
 
-def fake_files(monkeypatch, files: dict):
-    """open() in runtime and configs reads these texts (a list: one per read) and nothing else."""
-    reads = []
+def fake_files(monkeypatch, files):
+    """open() in runtime and configs reads these texts, one a read; any other path, or a path
+    whose texts were read, is missing."""
 
-    def fake_open(path, *args, **kwargs):
-        reads.append(path)
-        text = files.get(path)
-        if text is None:
+    def fake_open(path):
+        if not files.get(path):
             raise FileNotFoundError(path)
-        return io.StringIO(text.pop(0) if isinstance(text, list) else text)
+        return io.StringIO(files[path].pop(0))
 
-    for module in runtime, configs:
-        monkeypatch.setattr(module, "open", fake_open, raising=False)
-    return reads
-
-
-@pytest.mark.parametrize(
-    "flags, has",
-    [
-        ("fpu sse2 avx512f avx512_bf16 amx_tile", True),
-        ("fpu sse2 avx512f amx_bf16 amx_tile", True),
-        ("fpu sse2 avx512f avx2", False),
-        ("fpu sse2 avx512_bf16x", False),  # a flag's whole name, not a part
-    ],
-)
-def test_cpu_has_bf16_reads_the_flags_of_proc_cpuinfo(monkeypatch, flags, has):
-    text = f"processor\t: 0\nmodel name\t: x avx512_bf16 in its name\nflags\t\t: {flags}\n"
-    reads = fake_files(monkeypatch, {"/proc/cpuinfo": text})
-    assert cpu_has_bf16() is has and reads == ["/proc/cpuinfo"]
+    for module in "training.runtime", "configs":
+        monkeypatch.setattr(f"{module}.open", fake_open, raising=False)
 
 
-def test_cpu_has_bf16_is_false_without_proc_cpuinfo_or_its_flags(monkeypatch):
-    fake_files(monkeypatch, {})
-    assert cpu_has_bf16() is False
-    fake_files(monkeypatch, {"/proc/cpuinfo": "processor\t: 0\nbugs\t: avx512_bf16\n"})
-    assert cpu_has_bf16() is False
+# /proc/cpuinfo's line => whether it says bfloat16 is in hardware (none: no /proc/cpuinfo)
+BF16 = """
+flags\t\t: fpu sse2 avx512f avx512_bf16 amx_tile => True
+flags\t\t: fpu sse2 avx512f amx_bf16 amx_tile => True
+flags\t\t: fpu sse2 avx512f avx2 => False
+flags\t\t: fpu sse2 avx512_bf16x => False
+bugs\t\t: avx512_bf16 => False
+none => False
+"""
 
 
-def stat(cpu0, cpu1, cpu2) -> str:
-    """A /proc/stat of three cores; each row: user nice system idle iowait irq softirq steal guest
-    guest_nice, in clock ticks since boot."""
-    rows = [f"cpu{n} " + " ".join(map(str, row)) for n, row in enumerate((cpu0, cpu1, cpu2))]
-    total = [sum(col) for col in zip(cpu0, cpu1, cpu2)]
-    return "\n".join(["cpu  " + " ".join(map(str, total)), *rows, "intr 5 6 7", "ctxt 99\n"])
+@pytest.mark.parametrize("line, has", rows(BF16))
+def test_cpu_has_bf16_reads_the_flags_of_proc_cpuinfo(monkeypatch, line, has):
+    info = f"processor\t: 0\nmodel name\t: x avx512_bf16 in its name\n{line}\n"
+    fake_files(monkeypatch, {"/proc/cpuinfo": [info] * (line != "none")})
+    assert str(cpu_has_bf16()) == has
 
 
-START = ([100, 1, 50, 900, 9, 1, 2, 3, 0, 0],) * 3
+BEFORE = "cpu0 0\ncpu1 0\ncpu2 0\n"  # no ticks yet
 
 
-def later(*busy: float) -> str:
-    """/proc/stat 0.2 s after START, where each core was busy for that share of the time, spread
-    over user, nice, system, irq, softirq and steal; idle, iowait and guest ticks pile up anyway."""
-    ticks = os.sysconf("SC_CLK_TCK") * 0.2
-    rows = []
-    for row, share in zip(START, busy):
-        work = round(share * ticks)
-        split = [work // 2, 0, work // 4, 0, 0, 0, 0, work - work // 2 - work // 4]
-        extra = [*split[:3], 1000, 1000, *split[5:], 1000, 1000]
-        rows.append([a + b for a, b in zip(row, extra)])
-    return stat(*rows)
+def proc_stat(busy):
+    """/proc/stat 0.2 s after BEFORE: each of three cores busy for its share of the time, in user,
+    system and steal ticks, while idle, iowait and guest ticks pile up anyway."""
+    lines = ["cpu  9 9 9 9 9 9 9 9 9 9"]  # the total, which is not a core
+    for n, share in enumerate(map(float, busy.split())):
+        t = round(share * os.sysconf("SC_CLK_TCK") * 0.2)
+        lines.append(f"cpu{n} {t // 2} 0 {t // 4} 99 99 0 0 {t - t // 2 - t // 4} 99 99")
+    return "\n".join([*lines, "intr 5 6 7", "ctxt 99\n"])
 
 
-@pytest.fixture
-def two_cores(monkeypatch):
-    """idle_cores on a machine where this process may use cores 0 and 1 (core 2 is another's)."""
+# The busy share of cores 0, 1 and 2 (this process may use 0 and 1) => torch's threads => the
+# idle cores counted. 0.4 of a core busy leaves 1.6 idle: 2; 0.6 leaves 1.4: 1; at least 1; at most
+# torch's threads; without /proc/stat, torch's threads.
+IDLE = """
+0 0 1 => 2 => 2
+1 0 0 => 2 => 1
+0 1 1 => 2 => 1
+0.2 0.2 1 => 2 => 2
+0.3 0.3 0 => 2 => 1
+1 1 0 => 2 => 1
+0 0 0 => 1 => 1
+none => 3 => 3
+"""
+
+
+@pytest.mark.parametrize("busy, threads, idle", rows(IDLE))
+def test_idle_cores_counts_the_cores_others_leave_idle(monkeypatch, busy, threads, idle):
     sleeps = []
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(runtime.time, "sleep", sleeps.append)
-    torch.set_num_threads(2)  # the autouse fixture puts its own back
-
-    def count(*busy: float) -> int:
-        fake_files(monkeypatch, {"/proc/stat": [stat(*START), later(*busy)]})
-        n = idle_cores()
-        assert sleeps.pop() == 0.2 and not sleeps
-        return n
-
-    return count
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr("time.sleep", sleeps.append)
+    torch.set_num_threads(int(threads))
+    fake_files(monkeypatch, {"/proc/stat": [BEFORE, proc_stat(busy)]} if busy != "none" else {})
+    assert str(idle_cores()) == idle and sleeps == [0.2] * (busy != "none")
 
 
-@pytest.mark.parametrize(
-    "busy, idle",
-    [
-        ((0, 0, 1), 2),  # core 2 is busy, but not this process's
-        ((1, 0, 0), 1),
-        ((0, 1, 1), 1),
-        ((0.2, 0.2, 1), 2),  # 0.4 of a core: 1.6 idle rounds to 2
-        ((0.3, 0.3, 0), 1),  # 0.6 of a core: 1.4 idle rounds to 1
-        ((1, 1, 0), 1),  # at least one
-    ],
-)
-def test_idle_cores_counts_the_cores_others_leave_idle(two_cores, busy, idle):
-    assert two_cores(*busy) == idle
+def test_check_fits_refuses_a_step_that_needs_more_than_is_free(monkeypatch):
+    config, rt = replace(TINY, vocab_size=65), Runtime("cpu", torch.float32)
+    kb = -(-step_memory(config, 4, rt.dtype) // 1024)  # the fewest kB that hold it
+    meminfo = "MemTotal:  9999999 kB\nMemFree:  1 kB\nMemAvailable:  {} kB\n".format
+    fake_files(monkeypatch, {"/proc/meminfo": [meminfo(kb), meminfo(kb - 1), "MemTotal:  5 kB"]})
+    check_fits(config, 4, rt)
+    with pytest.raises(UserError, match=r"needs at least 0\.0 GiB, and 0\.0 GiB of cpu memory"):
+        check_fits(config, 4, rt)
+    check_fits(config, 10**6, rt)  # no MemAvailable, and below no /proc/meminfo: nothing to check
+    check_fits(config, 10**6, rt)
+    monkeypatch.setattr("torch.cuda.mem_get_info", lambda: (3 << 30, 0))
+    # 16 GiB of embedding alone, and 3 GiB free
+    with pytest.raises(UserError, match=r"needs at least 16\.\d GiB, and 3\.0 GiB of cuda:0"):
+        check_fits(replace(config, vocab_size=2**20, n_embd=2**10), 1, replace(rt, device="cuda:0"))
 
 
-def test_idle_cores_never_exceeds_torchs_threads(two_cores):
-    torch.set_num_threads(1)
-    assert two_cores(0, 0, 0) == 1
-
-
-def test_idle_cores_without_proc_stat_is_torchs_count(monkeypatch):
-    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
-    fake_files(monkeypatch, {})
-    torch.set_num_threads(2)
-    assert idle_cores() == 2
-
-
+# One step of 4 layers x 128 on 8 x 256 tokens of GPT-2's vocabulary in bfloat16: its logits
+# (8 x 256 x 50304 in float32: 0.41 GB) are over 3 of the loss's chunks, and the estimate's
+# parameters, activations and chunk are each a part of its 0.56 GB.
 MEASURE_A_STEP = """
-import sys, torch
+import torch
 torch.set_num_threads(1)  # the memory of one thread's allocations: the same on a busy machine
 from model.gpt import GPT, GPTConfig
 from training.runtime import step_memory
-config = GPTConfig(**eval(sys.argv[1]))
-batch, dtype = int(sys.argv[2]), getattr(torch, sys.argv[3])
+config = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=50304)
+batch, dtype = 8, torch.bfloat16
 x = torch.randint(0, config.vocab_size, (batch, config.block_size))
 
 def status(key):  # kB
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key))
 
-
-
 def step(model, x):  # AdamW makes its moments while the gradients are there
-    with torch.autocast("cpu", dtype, enabled=dtype != torch.float32):
+    with torch.autocast("cpu", dtype):
         model(x, x)[1].backward()
     torch.optim.AdamW(model.parameters(), fused=True).step()
-
 
 step(GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=16)), x[:1, :8] % 16)  # the kernels
 with open("/proc/self/clear_refs", "w") as f:  # the peak from here on: VmHWM = VmRSS
     f.write("5")
 before = status("VmRSS:")
 step(GPT(config), x)
-peak = (status("VmHWM:") - before) * 1024
-print(peak, step_memory(config, batch, dtype))
+print((status("VmHWM:") - before) * 1024, step_memory(config, batch, dtype), x.numel() * 50304 * 4)
 """
 
 
-@pytest.mark.parametrize(
-    "shape, batch, dtype",
-    [
-        (dict(n_layer=1, n_head=1, n_embd=64), 8, "float32"),  # GPT-2's vocabulary, 8 x 1024
-        (dict(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=50304), 16, "bfloat16"),
-    ],
-)
-def test_a_step_holds_at_most_twice_its_logits_and_step_memory_is_within_a_quarter(
-    tmp_path, shape, batch, dtype
-):
+@pytest.mark.slow
+def test_a_step_holds_at_most_twice_its_logits_and_step_memory_is_within_a_quarter():
     """Measured in a process of its own: the memory a step adds (its peak resident set), against the
     estimate check_fits refuses a run by; the loss never holds the whole logits."""
-    proc = script(
-        "-c", MEASURE_A_STEP, repr(shape), batch, dtype, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    peak, estimate = map(int, proc.stdout.split())
-    if "vocab_size" not in shape:  # GPT-2's: the logits outweigh the model
-        assert peak <= 2 * batch * 1024 * 50257 * 4
-    assert 0.75 * peak <= estimate <= 1.25 * peak, (peak, estimate)
+    proc = script("-c", MEASURE_A_STEP)
+    assert not proc.returncode, proc.stderr
+    peak, estimate, logits = map(int, proc.stdout.split())
+    assert peak <= 2 * logits and 0.75 * peak <= estimate <= 1.25 * peak, proc.stdout
 
 
-CONFIG = GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=2, n_embd=16)
+# A GPU's name => its peak FLOP/s (not in the table: 0, no MFU)
+PEAKS = """
+NVIDIA H100 80GB HBM3 => 989e12
+NVIDIA H100 PCIe => 756e12
+NVIDIA A100-SXM4-40GB => 312e12
+NVIDIA A10G => 70e12
+Tesla T4 => 65e12
+NVIDIA GeForce GTX 1080 => 0
+"""
 
 
-def test_check_fits_on_a_cpu_reads_memavailable(monkeypatch):
-    rt = Runtime("cpu", torch.float32)
-    meminfo = "MemTotal:  {} kB\nMemFree:  1 kB\nMemAvailable:  {} kB\n"
-    kb = -(-step_memory(CONFIG, 4, rt.dtype) // 1024)  # the fewest kB that hold it
-    fake_files(monkeypatch, {"/proc/meminfo": meminfo.format(kb, kb)})
-    check_fits(CONFIG, 4, rt)
-    fake_files(monkeypatch, {"/proc/meminfo": meminfo.format(10**9, kb - 1)})
-    with pytest.raises(UserError, match=r"needs at least 0\.0 GiB, and 0\.0 GiB of cpu memory"):
-        check_fits(CONFIG, 4, rt)
-    fake_files(monkeypatch, {})  # no /proc/meminfo: nothing to check against
-    check_fits(CONFIG, 10**6, rt)
-    fake_files(monkeypatch, {"/proc/meminfo": "MemTotal:  5 kB\n"})  # no MemAvailable line
-    check_fits(CONFIG, 10**6, rt)
-
-
-def test_check_fits_names_the_gibibytes(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * 2**30, 0))
-    huge = replace(CONFIG, vocab_size=2**20, n_embd=2**10, n_head=2)  # 16 GiB of embedding alone
-    with pytest.raises(UserError, match=r"needs at least 16\.\d GiB, and 3\.0 GiB of cuda:0"):
-        check_fits(huge, 1, Runtime("cuda:0", torch.float32))
-
-
-def test_the_first_line_names_the_device_dtype_threads_and_compile(tmp_path, data_root, capsys):
-    train.train(tiny(tmp_path, data_root, max_iters=1, threads=1, dtype="float32"))
-    assert capsys.readouterr().out.splitlines()[0] == "cpu, 1 thread, float32, compile off"
-
-
-def test_the_first_line_names_the_dtype_auto_picked(tmp_path, data_root, capsys, monkeypatch):
-    monkeypatch.setattr(configs, "cpu_has_bf16", lambda: True)
-    monkeypatch.setattr(runtime, "idle_cores", lambda: 2)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    result = train.train(tiny(tmp_path, data_root, max_iters=1))
-    assert capsys.readouterr().out.splitlines()[0] == "cpu, 2 threads, bfloat16, compile off"
-    assert result["step"] == 1
-
-
-def test_the_first_line_names_deterministic_and_a_compile_that_cannot_be(
-    tmp_path, data_root, capsys, monkeypatch
-):
-    monkeypatch.setenv("CXX", "no-such-compiler")
-    train.train(
-        tiny(
-            tmp_path,
-            data_root,
-            max_iters=1,
-            threads=1,
-            dtype="float32",
-            compile=True,
-            deterministic=True,
-        )
-    )
-    assert capsys.readouterr().out.splitlines()[0] == (
-        "cpu, 1 thread, float32, compile off (this machine cannot compile: docs/devices.md), "
-        "deterministic"
-    )
-
-
-@pytest.mark.parametrize(
-    "name, flops",
-    [
-        ("NVIDIA H100 80GB HBM3", 989e12),
-        ("NVIDIA H100 PCIe", 756e12),
-        ("NVIDIA A100-SXM4-40GB", 312e12),
-        ("NVIDIA A10G", 70e12),
-        ("Tesla T4", 65e12),
-        ("NVIDIA GeForce GTX 1080", 0.0),  # not in the table: no MFU
-    ],
-)
+@pytest.mark.parametrize("name, flops", rows(PEAKS))
 def test_peak_flops_reads_the_gpus_name(monkeypatch, name, flops):
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: name)
-    assert peak_flops("cuda:0") == flops and peak_flops("cpu") == 0.0
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda device: name)
+    assert peak_flops("cuda:0") == float(flops) and peak_flops("cpu") == 0
 
 
-def test_metrics_carry_mfu_where_the_peak_is_known(tmp_path, data_root, monkeypatch):
-    monkeypatch.setattr(train, "peak_flops", lambda device: 1e9)
-    train.train(tiny(tmp_path, data_root, max_iters=2))
-    model = GPT(GPTConfig(**load_checkpoint(tmp_path / "run")["model_config"]))
-    token_flops = 6 * model.num_params() + 12 * 2 * 16 * 32  # as nanoGPT counts them
-    lines = [
-        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    ]
-    steps = [r for r in lines if "loss" in r]
-    assert len(steps) == 2
-    for r in steps:
-        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * token_flops / 1e9, rel=1e-3, abs=1e-4)
+# train.py's flags => its first line, on a CPU with bfloat16, no C++ compiler and OMP_NUM_THREADS=1
+FIRST_LINES = """
+--max-iters 2 --dtype auto => cpu, 1 thread, bfloat16, compile off
+--max-iters 2 --threads 2 --dtype float32 --compile --deterministic => cpu, 2 threads, float32, \
+compile off (this machine cannot compile: docs/devices.md), deterministic
+"""
+
+
+@pytest.mark.parametrize("flags, first_line", rows(FIRST_LINES))
+def test_the_first_line_and_the_mfu(tmp_path, data_root, monkeypatch, flags, first_line):
+    monkeypatch.setattr("configs.cpu_has_bf16", lambda: True)
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr("train.peak_flops", lambda device: 1e9)
+    proc = in_process(train.main, *tiny_args(tmp_path, data_root, *flags.split()))
+    torch.use_deterministic_algorithms(False)  # which setup() set for this whole process
+    assert not proc.returncode and proc.stdout.startswith(first_line + "\n"), proc.stderr
+    # as nanoGPT counts them: 6 a parameter, and 12 x 2 layers x 16 wide x 32 long
+    token_flops = 6 * GPT(TINY.model_config(65)).num_params() + 12288
+    logged = (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line) for line in logged if '"loss"' in line]
+    assert len(steps) == 2 and all(
+        r["mfu"] == pytest.approx(r["tokens_per_s"] * token_flops / 1e9, rel=1e-3, abs=1e-4)
+        for r in steps
+    )

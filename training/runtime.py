@@ -77,8 +77,8 @@ def setup(cfg) -> Runtime:
         # A thread per core that others leave idle: OpenMP's threads spin while they wait for each
         # other, so one on a busy core slows every step. OMP_NUM_THREADS or --threads overrides it.
         processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        idle = max(1, idle_cores() // processes) if "OMP_NUM_THREADS" not in os.environ else 0
-        torch.set_num_threads(cfg.threads or idle or torch.get_num_threads())
+        if cfg.threads or "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(cfg.threads or max(1, idle_cores() // processes))
     if cfg.deterministic:  # cuBLAS needs a fixed workspace before its first matmul to repeat itself
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
