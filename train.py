@@ -240,11 +240,9 @@ def train(cfg: TrainConfig) -> dict:
             if checkpoint["scaler"]:  # empty unless the run trained in float16
                 scaler.load_state_dict(checkpoint["scaler"])
             state = TrainState(**checkpoint["state"])
-            now = settings(cfg)  # a flag typed again, or an edited config.json
-            changed = [
-                f"{k} {v} -> {now[k]}" for k, v in checkpoint["config"].items() if v != now[k]
-            ]
-            if master and (changed := [c for c in changed if not c.startswith("out_dir")]):
+            now, then = settings(cfg), checkpoint["config"]  # a flag typed, or config.json edited
+            changed = [f"{k} {v} -> {now.get(k)}" for k, v in then.items() if v != now.get(k)]
+            if master and (changed := [c for c in changed if not c.startswith("out_dir ")]):
                 print(f"settings changed since the checkpoint: {', '.join(changed)}")
             if master and (metrics := run_dir / "metrics.jsonl").is_file():
                 # An eval at the checkpoint's own step is run again unless the checkpoint holds it.

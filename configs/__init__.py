@@ -238,16 +238,14 @@ def load_config(name: str) -> TrainConfig:
         values["out_dir"] = str(path.parent)
     try:
         base = str(values.pop("base", ""))  # a preset, or a file beside this one
-        if base and base not in PRESETS and not (path.parent / base).is_file():
-            raise UserError(
-                f"{path}: base {base!r} is neither a preset ({', '.join(PRESETS)}) nor a file "
-                "beside it"
-            )
-        base = (
-            load_config(base if base in PRESETS else str(path.parent / base))
-            if base
-            else TrainConfig()
-        )
+        if base and base not in PRESETS:
+            if not (path.parent / base).is_file():
+                raise UserError(
+                    f"{path}: base {base!r} is neither a preset ({', '.join(PRESETS)}) nor a "
+                    "file beside it"
+                )
+            base = str(path.parent / base)
+        base = load_config(base) if base else TrainConfig()
     except RecursionError:
         raise UserError(f"{path}: its base is itself, or a base of its base") from None
     names = [f.name for f in fields(TrainConfig)]

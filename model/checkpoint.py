@@ -53,7 +53,7 @@ def load_checkpoint(path) -> dict:
         shapes = lambda weights: {k: v.shape for k, v in weights.items()}
         if shapes(model.state_dict()) != shapes(checkpoint["model"]):
             raise ValueError("its weights are not of its model_config's shapes")
-        checkpoint["manifest"]["vocab_size"]
+        checkpoint["manifest"]["vocab_size"]  # and a manifest that names its vocabulary
     except Exception as e:
         why = (str(e) or type(e).__name__).splitlines()[0][:120]  # an empty file's has no text
         raise UserError(
