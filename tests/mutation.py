@@ -92,25 +92,9 @@ def write_copy(work: Path) -> None:
 
 
 def update_copy(work: Path) -> None:
-    """Bring WORK up to date: copy the files that changed since it was made, delete those no longer
-    tracked. mutmut then makes the mutants of each changed function again, and forgets their
-    verdicts."""
-    names = set(tracked())
-    tops = {name.split("/")[0] for name in names}
-    for root in (
-        work,
-        work / "mutants",
-    ):  # mutmut's own copy too, with its .meta and .spans beside each module
-        for path in root.rglob("*"):
-            name = path.relative_to(root).as_posix().removesuffix(".meta").removesuffix(".spans")
-            if (
-                path.is_file()
-                and name.split("/")[0] in tops
-                and name not in names
-                and "__pycache__" not in name
-            ):
-                path.unlink()
-    for name in names:
+    """Bring WORK up to date: copy the files that changed since it was made. mutmut then makes the
+    mutants of each changed function again, and forgets their verdicts."""
+    for name in tracked():
         if not (work / name).is_file() or (work / name).read_bytes() != (ROOT / name).read_bytes():
             (work / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(ROOT / name, work / name)

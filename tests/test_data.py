@@ -23,7 +23,7 @@ from data.tokenizer import CharTokenizer, GPT2Tokenizer, tokenizer
 
 CORPUS = ROOT / "data/corpora/tinyshakespeare/input.txt"
 DOCS = ["First document.\nIt has two lines.", "Second: café, naïve — ünïcödé!", "third"]
-TEXT = "".join(doc + "\n\n" for doc in DOCS)  # as the char tokenizer's stream holds them
+TEXT = "".join(f"{doc}\n\n" for doc in DOCS)  # as the char tokenizer's stream holds them
 char = partial(prepare, tokenizer="char", root="out", quiet=True)
 
 
@@ -34,8 +34,8 @@ def in_tmp_path(tmp_path, monkeypatch):
 
 def write(path, data):
     """The bytes in the file at path, in folders made as needed."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_bytes(data)
+    (p := Path(path)).parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
     return path
 
 
@@ -48,8 +48,8 @@ def refused(message, *args, call=char, **kwargs):
 
 def read(folder):
     """A prepared dataset's manifest, and its train and val ids, which the manifest counts."""
-    m = json.loads(Path(folder, "manifest.json").read_text())
-    train, val = (read_tokens(Path(folder, f"{split}.bin")).tolist() for split in ("train", "val"))
+    m = json.loads(Path(f"{folder}/manifest.json").read_text())
+    train, val = (read_tokens(f"{folder}/{split}.bin").tolist() for split in ("train", "val"))
     assert (m["train_tokens"], m["val_tokens"]) == (len(train), len(val))
     return m, train, val
 
@@ -68,8 +68,8 @@ def tree(folder):
     }
 
 
-def killed_at_val(call, *args, **kwargs):
-    """call(*args, **kwargs), ended by Ctrl-C once it has written train.bin."""
+def killed_at_val(call):
+    """call(), ended by Ctrl-C once it has written train.bin."""
 
     def write_tokens_or_die(path, *rest):
         if path.name == "val.bin":
@@ -78,7 +78,7 @@ def killed_at_val(call, *args, **kwargs):
 
     with pytest.MonkeyPatch.context() as m, pytest.raises(KeyboardInterrupt):
         m.setattr("data.prepare.write_tokens", write_tokens_or_die)
-        call(*args, **kwargs)
+        call()
 
 
 def test_a_token_file_is_a_header_then_uint16_or_uint32_ids_and_a_damaged_one_is_refused():
@@ -87,9 +87,12 @@ def test_a_token_file_is_a_header_then_uint16_or_uint32_ids_and_a_damaged_one_is
         (2**16, [0, 65535, *range(5)], 2),
     ):
         assert write_tokens("t.bin", iter([np.array(ids[:2]), [], ids[2:]]), vocab) == len(ids)
-        raw = Path("t.bin").read_bytes()
-        header = b"GPTTOK\0\0" + struct.pack("<IIQ8x", 1, size, len(ids))  # version 1, 8 spare
-        assert raw == header + np.array(ids, f"<u{size}").tobytes()
+        raw = Path("t.bin").read_bytes()  # version 1, 8 spare bytes
+        assert (
+            raw
+            == struct.pack("<8sIIQ8x", b"GPTTOK", 1, size, len(ids))
+            + np.array(ids, f"<u{size}").tobytes()
+        )
         tokens = read_tokens("t.bin")
         assert isinstance(tokens, np.memmap) and tokens.tolist() == ids  # of size bytes each
     with pytest.raises(ValueError, match="read-only"):
@@ -121,14 +124,19 @@ def test_a_token_file_is_a_header_then_uint16_or_uint32_ids_and_a_damaged_one_is
 
 def test_the_presets_are_the_corpus_split_by_characters_prepared_once_or_with_force(capsys):
     for name, hint in ("mine", ""), ("shakespeare-char", " did you mean shakespeare_char?"):
-        message = f"no dataset '{name}' in out;{hint} prepare it (python -m data.prepare {name} "
-        message += "--text FILE (or --files, --hf)), give the --data-root that holds it, or use a "
-        refused(message + "preset: shakespeare_char, shakespeare", name, "out", call=dataset_dir)
+        refused(
+            f"no dataset '{name}' in out;{hint} prepare it (python -m data.prepare {name} "
+            "--text FILE (or --files, --hf)), give the --data-root that holds it, or use a "
+            "preset: shakespeare_char, shakespeare",
+            name,
+            "out",
+            call=dataset_dir,
+        )
     text, cut = CORPUS.read_text(), 1_003_854
     letters = "".join(sorted(set(text)))
-    for name, tok, (kind, vocab, chars, train_tokens, val_tokens) in (
-        ("shakespeare_char", CharTokenizer(letters), ("char", 65, letters, cut, 111_540)),
-        ("shakespeare", GPT2Tokenizer(), ("gpt2", 50257, None, 301_966, 36_059)),
+    for name, tok, kind, vocab, chars, train_tokens, val_tokens in (
+        ("shakespeare_char", CharTokenizer(letters), "char", 65, letters, cut, 111_540),
+        ("shakespeare", GPT2Tokenizer(), "gpt2", 50257, None, 301_966, 36_059),
     ):
         m, train, val = read(dataset_dir(name, "out"))  # prepared on first use
         assert [train, val] == [tok.encode(text[:cut]), tok.encode(text[cut:])]
@@ -191,11 +199,11 @@ def test_a_text_file_is_named_by_its_stem_split_by_characters_and_replaced_only_
     write("book.v2.txt", text.upper().encode())  # an edit, other bytes: prepared again
     assert decoded(char(text="book.v2.txt")) == text.upper()
 
-    before = tree(folder)
-    killed_at_val(char, text="other/book.txt", force=True)
+    before, other = tree(folder), partial(char, text="other/book.txt", force=True)
+    killed_at_val(other)
     assert tree(folder) == before and sorted(os.listdir("out")) == [".book.lock", "book"]
     with FileLock("out/.book.lock"):  # as another prepare holds it: a second one waits for it
-        second = threading.Thread(target=char, kwargs={"text": "other/book.txt", "force": True})
+        second = threading.Thread(target=other)
         second.start()
         second.join(timeout=0.5)
         assert second.is_alive() and tree(folder) == before
@@ -203,46 +211,23 @@ def test_a_text_file_is_named_by_its_stem_split_by_characters_and_replaced_only_
     assert not second.is_alive() and decoded(folder) == "other words\n" * 40
     assert sorted(os.listdir("out")) == [".book.lock", "book"]  # nothing half-built is left
 
-    message = "x.txt: too little text for a train and a val split; give more"
-    refused(message, text=write("x.txt", b"x"))
+    refused(
+        "x.txt: too little text for a train and a val split; give more", text=write("x.txt", b"x")
+    )
     assert not Path("out/x").exists()
-    write("out/book/notes.txt", b"mine")  # a dataset's folder, and more
-    write("out/run/ckpt.pt", b"weights")  # a run's
-    write("out/file", b"mine")  # a file where the dataset's folder would go
+    # a dataset's folder and more, a run's, a file where the dataset's folder would go
+    for path in "out/book/notes.txt", "out/run/ckpt.pt", "out/file":
+        write(path, b"mine")
     before = tree("out")
     for name in "book", "run", "file":
         for force in False, True:
-            message = f"out/{name} is not a dataset's folder; give another name, or another folder"
-            refused(message, name, text="book.v2.txt", force=force)
+            refused(
+                f"out/{name} is not a dataset's folder; give another name, or another folder",
+                name,
+                text="book.v2.txt",
+                force=force,
+            )
     assert tree("out") == before
-
-
-def write_docs(fmt):
-    """DOCS as prepare's source: a folder of .txt files, .txt files, or a file of format fmt or a
-    saved dataset, of their column "body" beside another."""
-    if fmt == "folder":  # a symlinked folder is read as any other; a byte-order mark is dropped
-        for path, doc in zip(["corpus/a.txt", "corpus/b.txt", "elsewhere/c.txt"], DOCS):
-            write(path, doc.encode("utf-8-sig"))
-        os.symlink("../elsewhere", "corpus/sub")
-        write("corpus/notes.md", b"not a .txt file")
-        return {"text": "corpus"}
-    if fmt == "txt":
-        return {"files": [write(f"d{i}.txt", doc.encode()) for i, doc in enumerate(DOCS)]}
-    docs, path = pd.DataFrame({"id": range(3), "body": DOCS}), f"docs.{fmt}"
-    if fmt == "hf":  # a saved dataset of splits, of which train is read unless --split says
-        from datasets import Dataset, DatasetDict
-
-        held = Dataset.from_dict({"id": [0, 1, 2], "body": ["held out", "", "and more"]})
-        DatasetDict(train=(one := Dataset.from_pandas(docs)), test=held).save_to_disk(path)
-        one.save_to_disk("one")  # and one of one split
-        return {"hf": path, "text_column": "body"}
-    if fmt == "parquet":
-        docs.to_parquet(path)
-    elif fmt == "csv":
-        docs.to_csv(path, index=False)
-    else:  # one array, or a line each, maybe compressed (by the file's name)
-        docs.to_json(path, orient="records", lines=fmt != "json")
-    return {"files": [path], "text_column": "body"}
 
 
 @pytest.mark.parametrize(
@@ -256,7 +241,33 @@ def write_docs(fmt):
 def test_documents_are_each_encoded_then_a_separator_into_a_stream_split_by_tokens(
     fmt, kind, network_calls
 ):
-    source = write_docs(fmt)
+    # DOCS as prepare's source: a folder of .txt files, .txt files, or a file of format fmt or a
+    # saved dataset, of their column "body" beside another
+    docs, path = pd.DataFrame({"id": range(3), "body": DOCS}), f"docs.{fmt}"
+    source = {"files": [path], "text_column": "body"}
+    if fmt == "folder":  # a symlinked folder is read as any other; a byte-order mark is dropped
+        for name, doc in zip(["corpus/a.txt", "corpus/b.txt", "elsewhere/c.txt"], DOCS):
+            write(name, doc.encode("utf-8-sig"))
+        os.symlink("../elsewhere", "corpus/sub")
+        write("corpus/notes.md", b"not a .txt file")
+        source = {"text": "corpus"}
+    elif fmt == "txt":
+        source = {"files": [write(f"d{i}.txt", doc.encode()) for i, doc in enumerate(DOCS)]}
+    elif fmt == "hf":  # a saved dataset of splits, of which train is read unless --split says
+        from datasets import Dataset, DatasetDict
+
+        DatasetDict(
+            train=(one := Dataset.from_pandas(docs)),
+            test=Dataset.from_dict({"id": range(3), "body": ["held out", "", "and more"]}),
+        ).save_to_disk(path)
+        one.save_to_disk("one")  # and one of one split
+        source = {"hf": path, "text_column": "body"}
+    elif fmt == "parquet":
+        docs.to_parquet(path)
+    elif fmt == "csv":
+        docs.to_csv(path, index=False)
+    else:  # one array, or a line each, maybe compressed (by the file's name)
+        docs.to_json(path, orient="records", lines=fmt != "json")
     if "text_column" in source:  # a column by its name
         refused(
             f"docs.{fmt} has no column 'text' (id, body); pick one with --text-column",
@@ -269,11 +280,10 @@ def test_documents_are_each_encoded_then_a_separator_into_a_stream_split_by_toke
     tok = CharTokenizer(chars) if chars else GPT2Tokenizer()
     separator = tok.encode("\n\n") if chars else [50256]
     stream = [i for doc in DOCS for i in tok.encode(doc) + separator]
-    cut = int(len(stream) * 0.75)
-    assert (folder.name, train, val, m["tokenizer"], m["vocab_size"], m["chars"]) == (
+    assert (folder.name, train + val, len(train), m["tokenizer"], m["vocab_size"], m["chars"]) == (
         {"folder": "corpus", "txt": "d0"}.get(fmt, "docs"),
-        stream[:cut],
-        stream[cut:],
+        stream,
+        int(len(stream) * 0.75),
         kind,
         tok.vocab_size,
         chars,
@@ -285,8 +295,10 @@ def test_documents_are_each_encoded_then_a_separator_into_a_stream_split_by_toke
             decoded(held) == "held out\n\nand more\n\n"
             and read(held)[0]["source"]["split"] == "test"
         )
-        message = "--hf docs.hf has no split 'validation' (train, test); pick one with --split"
-        refused(message, **source | {"split": "validation"})
+        refused(
+            "--hf docs.hf has no split 'validation' (train, test); pick one with --split",
+            **source | {"split": "validation"},
+        )
         refused("--hf one is a dataset of one split: leave --split out", hf="one", split="test")
         assert decoded(char(hf="one", text_column="body")) == TEXT
     assert m["source"] == (
@@ -336,13 +348,13 @@ ONE_FORMAT = (
         ("", NAME_ONE),
         ("shakespeare --text t.txt", NAME_ONE),  # a preset's name for another source
         ("shakespeare_char --files t.txt", NAME_ONE),
-        (". --text t.txt", "'.' cannot name a dataset's folder; give a name such as mycorpus"),
-        (".. --text t.txt", "'..' cannot name a dataset's folder; give a name such as mycorpus"),
-        (
-            ".hidden --text t.txt",
-            "'.hidden' cannot name a dataset's folder; give a name such as mycorpus",
-        ),
-        ("a/b --text t.txt", "'a/b' cannot name a dataset's folder; give a name such as mycorpus"),
+        *[
+            (
+                f"{n} --text t.txt",
+                f"{n!r} cannot name a dataset's folder; give a name such as mycorpus",
+            )
+            for n in (".", "..", ".hidden", "a/b")
+        ],
         ("shakespeare_char --val-fraction 0", "--val-fraction 0.0: give a share between 0 and 1"),
         ("shakespeare_char --val-fraction 1", "--val-fraction 1.0: give a share between 0 and 1"),
         (
@@ -380,23 +392,31 @@ def random_tokens(tmp_path):
     return path
 
 
+def xs(batches):
+    """The batches' x, as lists: each y is its x one token on (a token's id is its place), int64."""
+    pairs = [*batches]
+    assert all(x.dtype == y.dtype == torch.int64 and torch.equal(y, x + 1) for x, y in pairs)
+    return [x.tolist() for x, _ in pairs]
+
+
 def test_a_steps_rows_are_numpys_draw_from_seed_0_step_whatever_the_processes():
     """The draw of earlier versions, pinned: default_rng([seed, 0, step]) over every window.
     Micro-step m of process r takes rows [m, r] of it."""
     write_tokens("t.bin", [range(3000)], 3000)  # a token's id is its place
     for seed, block, rows in (0, 8, 1), (7, 16, 64), (1234, 1, 3):
         for step in 5000, 0, 1, 0:  # in any order, and again: as a run resumed in a new process
-            ((x, y),) = Batches("t.bin", block, rows, 1, 0, 1, seed, "cpu")(step)
             start = np.random.default_rng([seed, 0, step]).integers(0, 3000 - block, rows)
-            assert x.dtype == y.dtype == torch.int64 and torch.equal(y, x + 1)
-            assert torch.equal(x, torch.tensor(start)[:, None] + torch.arange(block))
-    whole = torch.cat(Batches("t.bin", 16, 8, 1, 0, 1, 9, "cpu")(3)[0], 1)  # x and y, side by side
+            assert xs(Batches("t.bin", block, rows, 1, 0, 1, seed, "cpu")(step)) == [
+                (start[:, None] + np.arange(block)).tolist()
+            ]  # one micro-batch
+    whole = torch.tensor(xs(Batches("t.bin", 16, 8, 1, 0, 1, 9, "cpu")(3)))
     for accum, world in (4, 1), (2, 2), (1, 4):
         per = 8 // (accum * world)
         for rank in range(world):
-            mine = Batches("t.bin", 16, per, accum, rank, world, 9, "cpu")(3)
-            rows = whole.view(accum, world, per, 32)[:, rank]
-            assert [torch.cat(b, 1).tolist() for b in mine] == rows.tolist()
+            assert (
+                xs(Batches("t.bin", 16, per, accum, rank, world, 9, "cpu")(3))
+                == whole.view(accum, world, per, 16)[:, rank].tolist()
+            )
 
 
 @pytest.mark.cuda
@@ -410,16 +430,15 @@ def test_batches_on_a_gpu_are_the_cpu_ones(random_tokens):
 
 def test_eval_batches_cover_the_windows_at_each_block_once_shared_between_processes():
     write_tokens("val.bin", [range(1000)], 1000)  # a window is named by its first token
-    batches = list(eval_batches("val.bin", 16, 5, "cpu"))
-    assert [len(x) for x, _ in batches] == [5] * 12 + [2]  # 62 windows: the last batch is short
-    x, y = (torch.cat(t) for t in zip(*batches))
-    assert x.dtype == y.dtype == torch.int64 and torch.equal(y, x + 1)
-    assert torch.equal(x, torch.arange(62 * 16).view(62, 16))  # the last ends at token 992
+    # 62 windows, the last ending at token 992, in batches of 5: the last is short
+    windows = torch.arange(62 * 16).view(62, 16).split(5)
+    assert xs(eval_batches("val.bin", 16, 5, "cpu")) == [b.tolist() for b in windows]
     starts = lambda *a: [x[:, 0].tolist() for x, _ in eval_batches("val.bin", 16, 5, "cpu", *a)]
     for limit in 0, 1, 3, 7, 13, 99:  # the first `limit` batches; 0: all
         for world in 1, 2, 3, 4, 13, 20:  # process r takes batches r, r + world...
-            shares = [starts(limit, r, world) for r in range(world)]
-            assert shares == [starts()[: limit or None][r::world] for r in range(world)]
+            assert [starts(limit, r, world) for r in range(world)] == [
+                starts()[: limit or None][r::world] for r in range(world)
+            ]
 
 
 def test_a_split_of_one_window_works_on_any_device_and_a_shorter_one_is_a_user_error():
@@ -433,10 +452,11 @@ def test_a_split_of_one_window_works_on_any_device_and_a_shorter_one_is_a_user_e
             (3, 8, device, device),
             (1, 8, device, device),
         ]
-    xy = [*range(8), *range(1, 9)]  # a row's x, then its y
-    assert [torch.cat(b, 1).tolist() for b in batches] == [[xy] * 3, [xy]]
+    assert xs(batches) == [[[*range(8)]] * 3, [[*range(8)]]]
     for block_size in 9, 10:
-        message = f"val.bin holds 9 tokens, not a block of {block_size} and one more; lower "
-        message += "--block-size, or prepare more text"
+        message = (
+            f"val.bin holds 9 tokens, not a block of {block_size} and one more; lower "
+            "--block-size, or prepare more text"
+        )
         refused(message, "val.bin", block_size, 1, 1, 0, 1, 0, "cpu", call=Batches)
         refused(message, "val.bin", block_size, 1, "cpu", call=eval_batches)

@@ -10,22 +10,20 @@ import os
 import re
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import ROOT, script, tiny, tiny_args
+from test_sample import BPE, TOK  # GPT-2's tokenizer; shakespeare's characters
 
 import train
 from configs import UserError
-from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from model.checkpoint import load_checkpoint, model_from
 from model.gpt import GPT, GPTConfig
 from training import hellaswag
 from training.runtime import Runtime
 
-TOK = CharTokenizer(
-    "".join(sorted(set((ROOT / "data/corpora/tinyshakespeare/input.txt").read_text())))
-)
 CPU = Runtime("cpu", torch.float32)
 LINE = (
     '{"ind": 4, "ctx": "A man is sitting on a roof. He", "endings": ["is using wrap to wrap a pair '
@@ -48,8 +46,8 @@ def char_items(tmp_path, copies=1):
     """Five items of the shakespeare characters: four alike, labelled 0 to 3, so that one of them
     is right whatever the model; and one with a context longer than the block, its left cut."""
     ends = ["go.", "stay here.", "love thee.", "speak."]
-    items = [{"ctx": "ROMEO: I will", "endings": ends, "label": k} for k in range(4)]
-    items.append({"ctx": "JULIET: " * 5 + "O", "endings": ends, "label": 0})
+    ctxs = ["ROMEO: I will"] * 4 + ["JULIET: " * 5 + "O"]
+    items = [{"ctx": ctx, "endings": ends, "label": k % 4} for k, ctx in enumerate(ctxs)]
     return write_items(tmp_path / "items.jsonl", items * copies)
 
 
@@ -57,13 +55,10 @@ def test_load_items_reads_each_line_afresh_its_endings_after_a_space(tmp_path, m
     """~ is the home folder; a file rewritten with its size and mtime (cp -p, rsync -t, tar x)
     is read anew."""
     monkeypatch.setenv("HOME", str(tmp_path))
-    second = {"ctx": "ROMEO: I will", "endings": ["go.", "stay.", "love.", "speak."], "label": "1"}
-    write_items(tmp_path / "x.jsonl", [ITEM, second])
-    for tok in TOK, GPT2Tokenizer():
-        assert hellaswag.load_items("~/x.jsonl", tok) == [
-            (tok.encode(item["ctx"]), [tok.encode(" " + end) for end in item["endings"]], label)
-            for item, label in ((ITEM, 3), (second, 1))
-        ]
+    write_items(tmp_path / "x.jsonl", [ITEM, ITEM | {"label": "1"}])  # a label of text too
+    for tok in TOK, BPE:
+        item = tok.encode(ITEM["ctx"]), [tok.encode(" " + end) for end in ITEM["endings"]]
+        assert hellaswag.load_items("~/x.jsonl", tok) == [(*item, 3), (*item, 1)]
     for labels in [0, 1, 2, 3], [3, 2, 1, 0]:
         path = write_items(tmp_path / "x.jsonl", [ITEM | {"label": k} for k in labels])
         os.utime(path, ns=(0, 0))  # the same size and mtime each time
@@ -112,28 +107,25 @@ def test_load_items_reads_each_line_afresh_its_endings_after_a_space(tmp_path, m
 )
 def test_a_bad_line_is_one_line_naming_its_number(tmp_path, line, says):
     (path := tmp_path / "x.jsonl").write_text(f"{LINE}\n{LINE}\n{line}\n")
-    with pytest.raises(UserError, match=f"^--hellaswag {path}, line 3: .*\\Z") as e:
-        hellaswag.load_items(str(path), TOK)
-    assert says in str(e.value)
+    with pytest.raises(UserError, match=f"^--hellaswag {path}, line 3: .*{re.escape(says)}.*\\Z"):
+        hellaswag.load_items(path, TOK)
 
 
 def test_a_missing_unreadable_or_empty_file_is_one_line_saying_where_to_get_one(tmp_path):
     (tmp_path / "latin-1.jsonl").write_bytes(b'{"ctx": "\xff"}\n')
-    (tmp_path / "empty.jsonl").write_text("")
-    for path, why in (
-        ("~nosuchuser/x.jsonl", "No such file"),  # a tilde of no user
-        (tmp_path, "Is a directory"),
-        (tmp_path / "latin-1.jsonl", "can't decode"),
+    (tmp_path / "empty.jsonl").touch()
+    give = (
+        "; give a HellaSwag .jsonl file \\(training/hellaswag.py says where to get one\\), or "
+        "--hellaswag '' to go on without"
+    )
+    for path, says in (
+        ("~nosuchuser/x.jsonl", f": .*No such file.*{give}"),  # a tilde of no user
+        (tmp_path, f": .*Is a directory.*{give}"),
+        (tmp_path / "latin-1.jsonl", f": .*can't decode.*{give}"),
+        (tmp_path / "empty.jsonl", " holds no items"),
     ):
-        with pytest.raises(
-            UserError,
-            match=f"^--hellaswag {path}: .*{why}.*; give a HellaSwag .jsonl file "
-            "\\(training/hellaswag.py says where to get one\\), or --hellaswag '' to go on "
-            "without\\Z",
-        ):
-            hellaswag.load_items(str(path), TOK)
-    with pytest.raises(UserError, match=f"^--hellaswag {tmp_path}/empty.jsonl holds no items$"):
-        hellaswag.load_items(str(tmp_path / "empty.jsonl"), TOK)
+        with pytest.raises(UserError, match=f"^--hellaswag {path}{says}\\Z"):
+            hellaswag.load_items(path, TOK)
 
 
 def test_score_equals_log_likelihoods_summed_by_hand_whatever_the_batch():
@@ -158,9 +150,10 @@ def test_score_equals_log_likelihoods_summed_by_hand_whatever_the_batch():
     sums, counts = torch.tensor([[summed(ctx, end) for end in ends] for ctx, ends in items]).unbind(
         -1
     )
-    by_sum, by_token = sums.argmax(1), (sums / counts).argmax(1)
+    mean = sums / counts  # per token
+    by_sum, by_token = sums.argmax(1), mean.argmax(1)
     assert (by_sum != by_token).sum() >= 2  # the two scores disagree somewhere
-    assert torch.cat([sums, sums / counts]).topk(2).values.diff().max() < -1e-3  # no near ties
+    assert torch.cat([sums, mean]).topk(2).values.diff().max() < -1e-3  # no near ties
     model.train()
     for truth in by_sum, by_token, torch.arange(24) % 4:
         acc, norm = ((picks == truth).sum().item() / 24 for picks in (by_sum, by_token))
@@ -177,7 +170,6 @@ def test_score_equals_log_likelihoods_summed_by_hand_whatever_the_batch():
 def test_training_scores_at_each_eval_or_interval_and_the_end_and_eval_only_once(
     tmp_path, data_root, monkeypatch, capsys
 ):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # no 0.2 s spent counting idle cores
     path, load, reads = char_items(tmp_path), hellaswag.load_items, []
     monkeypatch.setattr(hellaswag, "load_items", lambda *a: reads.append(a[0]) or load(*a))
     cfg = tiny(tmp_path, data_root, max_iters=5, eval_interval=2, hellaswag=path, threads=1)
@@ -192,14 +184,14 @@ def test_training_scores_at_each_eval_or_interval_and_the_end_and_eval_only_once
         for r in records
         if "val_loss" in r or keys[0] in r
     ]
-    assert scored == [(2, keys), (4, keys), (5, keys), (6, []), (8, keys), (10, keys)]
+    assert scored == [(step, keys * (step != 6)) for step in (2, 4, 5, 6, 8, 10)]
     assert {r.get("hellaswag_items", 5) for r in records} == {5}
     capsys.readouterr()
 
     result = train.train(replace(cfg, eval_only=True, dtype="float32", eval_batch_size=1000))
     want = score(model_from(load_checkpoint(tmp_path / "run")), path)
-    assert {k: result[k] for k in want} == want
-    assert [line for line in capsys.readouterr().out.splitlines() if "hellaswag" in line] == [
+    assert result.items() >= want.items()
+    assert re.findall(".*hellaswag.*", capsys.readouterr().out) == [
         f"  hellaswag_acc {want['hellaswag_acc']:.4f}",
         f"  hellaswag_acc_norm {want['hellaswag_acc_norm']:.4f}",
         "  hellaswag_items 5",
@@ -210,14 +202,24 @@ def test_training_scores_at_each_eval_or_interval_and_the_end_and_eval_only_once
     train.train(replace(cfg, max_iters=11, resume=True, hellaswag=""))
 
 
-@pytest.mark.slow
-def test_with_max_time_the_final_eval_scores_too_and_the_run_ends_in_time(tmp_path, data_root):
-    """Scoring 4,000 rows takes seconds: the estimate of the final eval must count them, else the
-    run ends late."""
-    cfg = tiny(tmp_path, data_root, max_iters=10**6, eval_interval=10**6, max_time=10.0, threads=1)
-    started = time.time()
-    result = train.train(replace(cfg, hellaswag=char_items(tmp_path, 200)))
-    assert time.time() - started <= cfg.max_time
+def test_with_max_time_the_final_eval_scores_too_and_the_run_ends_in_time(
+    tmp_path, data_root, monkeypatch
+):
+    """Scoring the items takes as long as 80 steps: the estimate of the final eval must count them,
+    else the run ends late. The run's clock is one of the test's, moved by the tokens each forward
+    pass reads (twice with gradients), so that a busy machine does not change the outcome."""
+    clock, forward = [0.0], GPT.forward
+
+    def timed(self, idx, *args, **kwargs):
+        clock[0] += idx.numel() * 1e-4 * (1 + torch.is_grad_enabled())
+        return forward(self, idx, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", timed)
+    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: clock[0]))
+    items = char_items(tmp_path, 100)
+    kw = dict(max_iters=10**6, eval_interval=10**6, max_time=10.0, threads=1, hellaswag=items)
+    result = train.train(tiny(tmp_path, data_root, **kw))
+    assert clock[0] <= 10 and result["step"] > 50
     assert "hellaswag_acc" in result and result["stop_signal"] == 0
 
 
@@ -240,12 +242,14 @@ def test_under_torchrun_the_ranks_share_the_scoring_and_each_has_the_counts_of_o
     copies = math.ceil(8.0 / (time.time() - started)) * 200 + 1  # odd: the ranks' shares differ
     (tmp_path / "main.py").write_text(TRAIN)
     flags = "--max-iters 1 --eval-interval 1 --threads 1 --dtype float32 --ddp-timeout 5".split()
-    flags += ["--hellaswag", char_items(tmp_path, copies)]
-    run = "-m torch.distributed.run --standalone --nproc-per-node 2".split()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path / "rank")}
-    proc = script(*run, tmp_path / "main.py", *tiny_args(tmp_path, data_root, *flags), env=env)
+    proc = script(
+        *"-m torch.distributed.run --standalone --nproc-per-node 2".split(),
+        tmp_path / "main.py",
+        *tiny_args(tmp_path, data_root, *flags, "--hellaswag", char_items(tmp_path, copies)),
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path / "rank")},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     want = score(model_from(load_checkpoint(tmp_path / "run")), char_items(tmp_path))
     for rank in "01":
         result = json.loads((tmp_path / f"rank{rank}").read_text())
-        assert {k: result[k] for k in want} == want | {"hellaswag_items": 5 * copies}
+        assert result.items() >= (want | {"hellaswag_items": 5 * copies}).items()

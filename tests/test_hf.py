@@ -40,10 +40,14 @@ def run(tmp_path_factory):
 
 def assert_same_logits(ours, hf):
     torch.manual_seed(0)
-    x = torch.randint(0, hf.config.vocab_size, (2, ours.config.block_size))
+    x = torch.randint(hf.config.vocab_size, (2, ours.config.block_size))
     with torch.no_grad():  # the same sums in float32, in another order
-        got, expected = ours.eval()(x)[0][..., : hf.config.vocab_size], hf.eval()(x).logits
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(
+            ours.eval()(x)[0][..., : hf.config.vocab_size],
+            hf.eval()(x).logits,
+            atol=1e-4,
+            rtol=1e-5,
+        )
 
 
 @pytest.mark.parametrize(
@@ -72,15 +76,21 @@ def test_load_gpt2_of_a_folder_or_a_cached_hub_id_gives_transformers_logits(
         (tmp_path / "config.json").write_text(bare)
     ours, manifest = load_gpt2("tiny-org/tiny-gpt2" if case == "hub" else tmp_path, 0.25)
     assert manifest == GPT2_MANIFEST == {"tokenizer": "gpt2", "vocab_size": 50257, "chars": None}
-    activation = "gelu_exact" if case == "gelu" else "gelu"
     assert ours.config == GPTConfig(  # n_positions: 1024 for the bare config
-        37, hf.config.n_positions, 2, 2, 16, 0.25, activation=activation, tie_weights=tie
+        37,
+        hf.config.n_positions,
+        2,
+        2,
+        16,
+        0.25,
+        activation="gelu_exact" if case == "gelu" else "gelu",
+        tie_weights=tie,
     )
     assert (ours.lm_head.weight is ours.transformer.wte.weight) == tie
     assert_same_logits(ours, hf)
     assert network_calls == []
     # GPT-2's tokenizer has 50257 tokens: sample.py cannot draw with these 37 rows
-    assert refused(["--init-from", str(tmp_path)], sample.main) == (
+    assert refused(f"--init-from {tmp_path}".split(), sample.main) == (
         "the model's vocabulary (37) is smaller than its tokenizer's (50257); "
         "train one with --vocab-size 50257 or more"
     )
@@ -98,7 +108,6 @@ def test_load_gpt2_of_a_folder_or_a_cached_hub_id_gives_transformers_logits(
 
 
 SHAPE = '"vocab_size": 37, "n_positions": 24, "n_layer": 2, "n_head": 2'
-MISSING, OTHER = "transformer.h.1.mlp.c_fc.weight", "transformer.h.0.attn.q_norm.weight"
 
 
 @pytest.mark.parametrize(  # change: None, the file removed; text, the file's; a dict, merged in
@@ -114,11 +123,15 @@ MISSING, OTHER = "transformer.h.1.mlp.c_fc.weight", "transformer.h.0.attn.q_norm
         ),
         ("model.safetensors", None, "pytorch_model.bin"),
         ("model.safetensors", "not safetensors", "(SafetensorError: "),
-        ("model.safetensors", {MISSING: None}, f'Missing key(s) in state_dict: "{MISSING}"'),
         (
             "model.safetensors",
-            {OTHER: torch.ones(8)},
-            f'Unexpected key(s) in state_dict: "{OTHER}"',
+            {"transformer.h.1.mlp.c_fc.weight": None},
+            'Missing key(s) in state_dict: "transformer.h.1.mlp.c_fc.weight"',
+        ),
+        (
+            "model.safetensors",
+            {"transformer.h.0.attn.q_norm.weight": torch.ones(8)},
+            'Unexpected key(s) in state_dict: "transformer.h.0.attn.q_norm.weight"',
         ),
     ],
 )
@@ -147,7 +160,7 @@ def test_an_export_loads_in_transformers_with_our_logits_tokens_and_text(
         tmp_path / "run.pt", manifest, **dict(vocab_size=80, tie_weights=False) if padded else {}
     )
     (out := tmp_path / "hf").mkdir()  # an empty folder is as good as a new one
-    main(["export", str(run), str(out)])
+    main(f"export {run} {out}".split())
     assert capsys.readouterr().out == (
         f"wrote {out}: {', '.join(EXPORTED)}\n"
         f"load it with transformers: AutoModelForCausalLM.from_pretrained('{out}'), "
@@ -156,23 +169,24 @@ def test_an_export_loads_in_transformers_with_our_logits_tokens_and_text(
     assert json.loads((out / "manifest.json").read_text()) == manifest
     vocab, eot = manifest["vocab_size"], 50256 if kind == "gpt2" else None
     # what transformers and the hub read: the shape, GPT-2's tanh GELU, no dropout, end-of-text
-    fields = json.loads(
+    fields = dict(
+        vocab_size=vocab, tie_word_embeddings=not padded, bos_token_id=eot, eos_token_id=eot
+    ) | json.loads(
         '{"architectures": ["GPT2LMHeadModel"], "activation_function": "gelu_new", "n_layer": 2, '
         '"n_positions": 32, "resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0}'
     )
-    fields |= dict(
-        vocab_size=vocab, tie_word_embeddings=not padded, bos_token_id=eot, eos_token_id=eot
-    )
     assert json.loads((out / "config.json").read_text()).items() >= fields.items()
-    with safe_open(out / "model.safetensors", "pt") as f:
-        assert f.metadata() == {"format": "pt"}
+    assert safe_open(out / "model.safetensors", "pt").metadata() == {"format": "pt"}
     hf = AutoModelForCausalLM.from_pretrained(out)
     assert_same_logits(model_from(load_checkpoint(run)), hf)
 
     tok = AutoTokenizer.from_pretrained(out)
     assert (len(tok), tok.eos_token_id, tok.model_max_length) == (vocab, eot, 32)
-    text = "ROMEO: I'll say it's 2024 —  naïve 日本 🤗!\n\n\tend  \n  "
-    text = text if eot else "ROMEO:\nO, speak  again, bright angel!\n\n  What's 3?"
+    text = (
+        "ROMEO: I'll say it's 2024 —  naïve 日本 🤗!\n\n\tend  \n  "
+        if eot
+        else "ROMEO:\nO, speak  again, bright angel!\n\n  What's 3?"
+    )
     ids = tok(text).input_ids
     assert ids == tokenizer(manifest, vocab).encode(text) and tok.decode(ids) == text
     if eot:  # end-of-text is special, to transformers and to tokenizers alone
@@ -199,7 +213,7 @@ def test_an_export_loads_in_transformers_with_our_logits_tokens_and_text(
 def test_an_export_of_other_shape_or_over_other_files_is_refused_and_replaces_one_whole(
     run, tmp_path, capsys, monkeypatch
 ):
-    for shape in dict(pos_emb="rope"), dict(activation="gelu_exact"), dict(bias=False):
+    for shape in {"pos_emb": "rope"}, {"activation": "gelu_exact"}, {"bias": False}:
         bad = saved(tmp_path / "run.pt", **shape)
         assert (message := refused(bad, lambda bad: export(bad, tmp_path / "hf"))) == (
             f"{bad} lacks GPT-2's learned positions, tanh GELU or biases; train with "
@@ -207,7 +221,7 @@ def test_an_export_of_other_shape_or_over_other_files_is_refused_and_replaces_on
         )
         assert [p.name for p in tmp_path.iterdir()] == ["run.pt"]  # nothing written
     # as a user runs python -m model.hf: one line
-    monkeypatch.setattr(sys, "argv", ["model/hf.py", "export", str(bad), str(tmp_path / "hf")])
+    monkeypatch.setattr(sys, "argv", f"model/hf.py export {bad} {tmp_path / 'hf'}".split())
     monkeypatch.delitem(sys.modules, "model.hf")  # run afresh as __main__
     proc = in_process(lambda argv: runpy.run_module("model.hf", run_name="__main__"))
     assert one_error_line(proc) == f"error: {message}"
@@ -217,14 +231,11 @@ def test_an_export_of_other_shape_or_over_other_files_is_refused_and_replaces_on
     files = lambda folder: {p.name: p.read_bytes() for p in folder.iterdir()}
     assert files(out) == files(export(run, tmp_path / "fresh")) and sorted(files(out)) == EXPORTED
     (out / "README.md").write_text("a card the user wrote beside an export: not the export's")
-    (tmp_path / "mine").mkdir()
-    (tmp_path / "mine" / "notes.txt").write_text("mine")
-    (tmp_path / "file").write_text("mine")
     tree = lambda: [
         (p, p.is_file() and p.read_bytes()) for p in [*tmp_path.rglob("*"), *run.iterdir()]
     ]
     before = tree()
-    for target in out, tmp_path / "mine", run, tmp_path / "file":
+    for target in out, tmp_path, run, bad:  # bad: a file; tmp_path, run: folders of other files
         assert refused(target, lambda target: export(run, target)) == (
             f"{target} holds something else than an export; export into a new folder"
         )
@@ -232,7 +243,7 @@ def test_an_export_of_other_shape_or_over_other_files_is_refused_and_replaces_on
     with pytest.raises(SystemExit):
         main(["--help"])
     assert capsys.readouterr().out.startswith("usage: python -m model.hf [-h] {export}")
-    assert "invalid choice: 'import'" in refused(["import", str(run), str(out)], main)
+    assert "invalid choice: 'import'" in refused(f"import {run} {out}".split(), main)
 
 
 def test_init_from_an_export_trains_on_and_eval_only_equals_transformers_loss(
@@ -244,12 +255,12 @@ def test_init_from_an_export_trains_on_and_eval_only_equals_transformers_loss(
     rows = val.unfold(0, 33, 32)
     with torch.no_grad():
         logits = AutoModelForCausalLM.from_pretrained(out)(rows[:, :-1]).logits
-    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()).item()
+    expected = torch.nn.functional.cross_entropy(logits.mT, rows[:, 1:]).item()
     kw = dict(init_from=str(out), dtype="float32", threads=1, eval_batch_size=512)
-    result = train.train(tiny(tmp_path, data_root, eval_only=True, **kw))["val_loss"]
-    assert result == pytest.approx(expected, abs=1e-4)
+    result = train.train(tiny(tmp_path, data_root, eval_only=True, **kw))
+    assert result["val_loss"] == pytest.approx(expected, abs=1e-4)
     assert f"{out} on shakespeare_char, windows of 32:" in capsys.readouterr().out
     assert not (tmp_path / "run").exists()  # eval-only writes nothing
     assert train.train(tiny(tmp_path, data_root, max_iters=2, eval_interval=2, **kw))["step"] == 2
-    manifest = read_manifest(data_root / "shakespeare_char")  # its own, not the export's
-    assert load_checkpoint(tmp_path / "run/ckpt.pt")["manifest"] == manifest
+    manifest = load_checkpoint(tmp_path / "run/ckpt.pt")["manifest"]
+    assert manifest == read_manifest(data_root / "shakespeare_char")  # its own, not the export's

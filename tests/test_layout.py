@@ -89,7 +89,7 @@ def test_the_top_level_is_the_design_cards():
     assert {name.split("/")[0] for name in tracked()} == TOP
 
 
-def test_no_import_circle_when_modules_load_and_the_model_stands_alone():
+def test_no_import_circle_the_model_stands_alone_and_optional_features_load_when_asked():
     """A module's top-level imports load with it; an optional one is loaded by a function when its
     flag asks (model.hf for --init-from)."""
     graph = {name: imports(path, top_only=True) - {name} for name, path in modules().items()}
@@ -97,16 +97,7 @@ def test_no_import_circle_when_modules_load_and_the_model_stands_alone():
     assert graph["model.gpt"] == set()  # the network needs nothing of the project
     model = {m for n in graph if n.startswith("model") for m in graph[n]}
     assert not any(m.startswith("training") for m in model | graph["sample"])
-
-
-def test_optional_features_are_imported_only_where_their_flag_asks():
-    top = {name: imports(path, top_only=True) for name, path in modules().items()}
-    assert [
-        (name, m)
-        for name, found in top.items()
-        for m in found & OPTIONAL.keys()
-        if name not in OPTIONAL
-    ] == []
+    assert [(n, m) for n in graph if n not in OPTIONAL for m in graph[n] & OPTIONAL.keys()] == []
 
 
 def test_every_module_says_its_one_job_in_its_first_line():

@@ -7,6 +7,7 @@ Every test fakes what torch and Linux report, so that each kind of machine is de
 whatever this one is; nothing touches a real GPU.
 """
 
+import ast
 import io
 import json
 import os
@@ -36,7 +37,8 @@ def rows(text):
 # (TrainConfig's) => what setup() decides: the device, autocast's dtype, torch's threads (3 before),
 # compile, each idle_cores() it asked, and the seed where it is not tiny's 1337 (the config's plus
 # the rank); or its error.
-MACHINE = "cuda=False mps=False capability=(8,0) cxx=True triton=True cpu_bf16=False idle=1"
+MACHINE = """RANK= LOCAL_RANK= WORLD_SIZE= LOCAL_WORLD_SIZE= OMP_NUM_THREADS= \
+cuda=False mps=False capability=(8,0) cxx=True triton=True cpu_bf16=False idle=1"""
 SETUPS = """
 cuda=True mps=True => cuda:0 bfloat16 threads=3
 mps=True cpu_bf16=True => mps float32 threads=3
@@ -78,13 +80,11 @@ RANK=2 seed=3 => cpu float32 threads=1 idle_cores() seed=5"""
 @pytest.mark.parametrize("given, decided", rows(SETUPS))
 def test_setup_decides_device_dtype_threads_and_compile(monkeypatch, given, decided):
     m, fields, gpu, idled = SimpleNamespace(), {}, [], []
-    for name in "RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE OMP_NUM_THREADS".split():
-        monkeypatch.delenv(name, raising=False)
     for key, value in (word.split("=") for word in f"{MACHINE} {given}".split()):
-        if key.isupper():
-            monkeypatch.setenv(key, value)
+        if key.isupper():  # X_Y=: unset
+            monkeypatch.setenv(key, value) if value else monkeypatch.delenv(key, raising=False)
         else:
-            (fields if hasattr(TINY, key) else vars(m))[key] = eval(value)
+            (fields if hasattr(TINY, key) else vars(m))[key] = ast.literal_eval(value)
     # gpu: what setup() asks of the GPU; idled: its calls of idle_cores
     for target, fake in {
         "torch.cuda.is_available": lambda: m.cuda,
@@ -107,12 +107,11 @@ def test_setup_decides_device_dtype_threads_and_compile(monkeypatch, given, deci
         assert str(e) == decided and gpu == []
         return
     seed = torch.initial_seed()
-    shown = (
+    assert rt.world_size == 1 and decided == (
         f"{rt.device} {str(rt.dtype)[6:]} threads={torch.get_num_threads()}"
         f"{' compiled' * rt.compile}{' idle_cores()' * len(idled)}"
         f"{f' seed={seed}' * (seed != 1337)}"
     )
-    assert shown == decided and rt.world_size == 1
     # the capability of the process's own GPU, that GPU, TF32 matmuls, then its capability again
     assert gpu == [(rt.local_rank,), rt.device, "high", ()] * rt.device.startswith("cuda")
 
@@ -159,19 +158,6 @@ def test_cpu_has_bf16_reads_the_flags_of_proc_cpuinfo(monkeypatch, line, has):
     assert str(cpu_has_bf16()) == has
 
 
-BEFORE = "cpu0 0\ncpu1 0\ncpu2 0\n"  # no ticks yet
-
-
-def proc_stat(busy):
-    """/proc/stat 0.2 s after BEFORE: each of three cores busy for its share of the time, in user,
-    system and steal ticks, while idle, iowait and guest ticks pile up anyway."""
-    lines = ["cpu  9 9 9 9 9 9 9 9 9 9"]  # the total, which is not a core
-    for n, share in enumerate(map(float, busy.split())):
-        t = round(share * os.sysconf("SC_CLK_TCK") * 0.2)
-        lines.append(f"cpu{n} {t // 2} 0 {t // 4} 99 99 0 0 {t - t // 2 - t // 4} 99 99")
-    return "\n".join([*lines, "intr 5 6 7", "ctxt 99\n"])
-
-
 # The busy share of cores 0, 1 and 2 (this process may use 0 and 1) => torch's threads => the
 # idle cores counted. 0.4 of a core busy leaves 1.6 idle: 2; 0.6 leaves 1.4: 1; at least 1; at most
 # torch's threads; without /proc/stat, torch's threads.
@@ -189,12 +175,20 @@ none => 3 => 3
 
 @pytest.mark.parametrize("busy, threads, idle", rows(IDLE))
 def test_idle_cores_counts_the_cores_others_leave_idle(monkeypatch, busy, threads, idle):
-    sleeps = []
+    sleeps, ticks = [], os.sysconf("SC_CLK_TCK") * 0.2  # in 0.2 s
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr("time.sleep", sleeps.append)
     torch.set_num_threads(int(threads))
-    fake_files(monkeypatch, {"/proc/stat": [BEFORE, proc_stat(busy)]} if busy != "none" else {})
-    assert str(idle_cores()) == idle and sleeps == [0.2] * (busy != "none")
+    # /proc/stat with no ticks yet, then 0.2 s later: the total, which is not a core, then each core
+    # busy for its share of the time in user, system and steal ticks, while idle, iowait and guest
+    # ticks pile up anyway
+    cores = [
+        f"cpu{n} {t // 2} 0 {t // 4} 99 99 0 0 {t - t // 2 - t // 4} 99 99"
+        for n, t in enumerate(round(float(b) * ticks) for b in busy.split() if busy != "none")
+    ]
+    after = "\n".join(["cpu  9 9 9 9 9 9 9 9 9 9", *cores, "intr 5 6 7", "ctxt 99\n"])
+    fake_files(monkeypatch, {"/proc/stat": ["cpu0 0\ncpu1 0\ncpu2 0\n", after] * (cores != [])})
+    assert str(idle_cores()) == idle and sleeps == [0.2] * (cores != [])
 
 
 def test_check_fits_refuses_a_step_that_needs_more_than_is_free(monkeypatch):
@@ -285,12 +279,11 @@ def test_the_first_line_and_the_mfu(tmp_path, data_root, monkeypatch, flags, fir
     monkeypatch.setattr("train.peak_flops", lambda device: 1e9)
     proc = in_process(train.main, *tiny_args(tmp_path, data_root, *flags.split()))
     torch.use_deterministic_algorithms(False)  # which setup() set for this whole process
-    assert not proc.returncode and proc.stdout.startswith(first_line + "\n"), proc.stderr
+    assert not proc.returncode and proc.stdout.startswith(f"{first_line}\n"), proc.stderr
     # as nanoGPT counts them: 6 a parameter, and 12 x 2 layers x 16 wide x 32 long
-    token_flops = 6 * GPT(TINY.model_config(65)).num_params() + 12288
+    flops = (6 * GPT(TINY.model_config(65)).num_params() + 12288) / 1e9  # a token's, of the peak
     logged = (tmp_path / "run/metrics.jsonl").read_text().splitlines()
     steps = [json.loads(line) for line in logged if '"loss"' in line]
     assert len(steps) == 2 and all(
-        r["mfu"] == pytest.approx(r["tokens_per_s"] * token_flops / 1e9, rel=1e-3, abs=1e-4)
-        for r in steps
+        r["mfu"] == pytest.approx(r["tokens_per_s"] * flops, rel=1e-3, abs=1e-4) for r in steps
     )

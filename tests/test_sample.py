@@ -5,6 +5,7 @@ equality with a reference loop proves something. Command lines are written as a 
 """
 
 import io
+import re
 import shlex
 import sys
 from dataclasses import asdict, replace
@@ -74,11 +75,11 @@ def sample_py(capsys, argv, *more):
     return capsys.readouterr().out
 
 
-def sampled(capsys, run, argv, n=1, several=False):
+def sampled(capsys, run, argv, n=1):
     """The n characters each sample of prompt A added, once sample.py's output is checked to be
-    them as it prints them."""
+    them as it prints them (under a header each, for several)."""
     out = sample_py(capsys, f"--out-dir {run} --prompt A --max-new-tokens {n} {argv}")
-    texts = [part[1 : n + 1] for part in out.split(" ---\n")[several:]]
+    texts = [part[1 : n + 1] for part in out.split(" ---\n")["--num-samples" in argv :]]
     assert out == printed([["A" + t for t in texts]]) and {len(t) for t in texts} == {n}
     return texts
 
@@ -117,36 +118,33 @@ def test_a_text_streams_in_whole_characters_until_its_end_or_first_stop(stops, i
 
 
 @pytest.mark.parametrize(
-    "argv, prompts, samples",  # and --max-new-tokens N; top-k 1 draws the likeliest too
+    "argv, prompts",  # and --max-new-tokens N; top-k 1 draws the likeliest too
     [
         (
             "--out-dir RUN --prompt ROMEO: --top-k 1 --top-p 1 --num-samples 1 --dtype float32",
             ["ROMEO:"],
-            1,
         ),
-        ("--init-from RUN --prompt KING --temperature 0 --device cpu", ["KING"], 1),
+        ("--init-from RUN --prompt KING --temperature 0 --device cpu", ["KING"]),
         (
             "--out-dir RUN --prompt ROMEO: --prompt '' --num-samples 2 --temperature 0",
             ["ROMEO:", ""],
-            2,
         ),
         (
             "--out-dir RUN --prompt - --prompt 'A\\nB' --temperature 0",
             ["To be,\n", "A\nB"],
-            1,
         ),  # stdin
-        ("--out-dir RUN --temperature 0", [""], 1),  # from the newline of a char model
+        ("--out-dir RUN --temperature 0", [""]),  # from the newline of a char model
         (
             "--out-dir RUN --prompt 'ROMEO:\\n' --temperature 0",
             ["ROMEO:\n"],
-            1,
         ),  # no blank line after it
     ],
 )
 @pytest.mark.parametrize("n", [0, 20])
 def test_greedy_decoding_streams_each_prompt_and_its_likeliest_tokens(
-    run, capsys, monkeypatch, argv, prompts, samples, n
+    run, capsys, monkeypatch, argv, prompts, n
 ):
+    samples = 1 + ("--num-samples 2" in argv)
     expected = printed([[p + greedy(run, p, n)] * samples for p in prompts])
     argv = f"--max-new-tokens {n} {argv}".replace("RUN", str(run))
     writes = []
@@ -165,15 +163,15 @@ def test_greedy_decoding_streams_each_prompt_and_its_likeliest_tokens(
 def test_what_help_says_holds_escapes_seeds_and_stop_strings(run, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         sample.main(["--help"])
-    out = capsys.readouterr().out
-    assert (
-        out.startswith("usage: sample.py [-h]")
-        and "The same --seed and --num-samples give the same samples." in out
+    assert re.match(
+        "usage: sample.py \\[-h].*The same --seed and --num-samples give the same samples",
+        capsys.readouterr().out,
+        re.S,
     )
     assert sample.unescape(r"a\nb\tc\\n\q\r") == "a\nb\tc\\n\\q\\r"  # three escapes
-    three = sampled(capsys, run, "--num-samples 3 --seed 1", 10, True)
+    three = sampled(capsys, run, "--num-samples 3 --seed 1", 10)
     assert len(set(three)) == 3 == len(three)
-    assert sampled(capsys, run, "--num-samples 3 --seed 1", 10, True) == three
+    assert sampled(capsys, run, "--num-samples 3 --seed 1", 10) == three
     first = sampled(capsys, run, "--seed 7", 100)  # 3 x block_size past it: a character a token
     assert sampled(capsys, run, "--seed 7", 100) == first != sampled(capsys, run, "--seed 8", 100)
     # a stop string ends each sample just after it, and the decoding with the last
@@ -183,8 +181,7 @@ def test_what_help_says_holds_escapes_seeds_and_stop_strings(run, capsys, monkey
     def counted(*args):
         steps.clear()
         for tokens in generate(*args):
-            steps.append(tokens)
-            yield tokens
+            yield steps.append(tokens) or tokens
 
     monkeypatch.setattr(sample, "generate", counted)
     argv = f"--out-dir {run} --prompt A --temperature 0 --max-new-tokens 24 --stop"
@@ -192,7 +189,7 @@ def test_what_help_says_holds_escapes_seeds_and_stop_strings(run, capsys, monkey
     assert len(steps) == len(cut) < 24  # the decoding stopped with the text
     # drawn, an escaped newline: each sample where its stop comes, the decoding with the last
     argv = "--num-samples 2 --temperature 2 --seed 6"
-    cut = [text[: text.index("\n") + 1] for text in sampled(capsys, run, argv, 100, True)]
+    cut = [text[: text.index("\n") + 1] for text in sampled(capsys, run, argv, 100)]
     assert len(cut[0]) != len(cut[1])
     out = sample_py(capsys, f"--out-dir {run} --prompt A --max-new-tokens 100 {argv} --stop '\\n'")
     assert out == printed([["A" + text for text in cut]]) and len(steps) == max(map(len, cut))
@@ -230,24 +227,26 @@ def test_the_dtype_threads_and_vocabulary_follow_the_flags_and_the_model(
     run, tmp_path, capsys, monkeypatch, bf16_cpu
 ):
     seen = []  # the weights, and the vocabulary past which nothing is drawn
-    spy = lambda model, *args: (
-        seen.append((model.lm_head.weight, args[-1])) or generate(model, *args)
+    monkeypatch.setattr(
+        sample,
+        "generate",
+        lambda model, *args: (
+            seen.append((model.lm_head.weight, args[-1])) or generate(model, *args)
+        ),
     )
-    monkeypatch.setattr(sample, "generate", spy)
     monkeypatch.setattr(configs, "cpu_has_bf16", lambda: bf16_cpu)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    f32, bf16 = torch.float32, torch.bfloat16
     padded = saved(tmp_path / "256.pt", n_embd=256, vocab_size=80)  # 65 ids, 80 rows
     for path, argv, dtype, threads in [
-        (padded, "", f32, 1),  # n_embd 256 is small: float32, one thread
-        (saved(tmp_path / "272.pt", n_embd=272), "", bf16 if bf16_cpu else f32, 2),
-        (padded, "--dtype bfloat16", bf16, 1),  # asked for: taken
-        (run, "--device cpu --dtype float16", torch.float16, 1),
+        (padded, "", "float32", 1),  # n_embd 256 is small: float32, one thread
+        (saved(tmp_path / "272.pt", n_embd=272), "", "bfloat16" if bf16_cpu else "float32", 2),
+        (padded, "--dtype bfloat16", "bfloat16", 1),  # asked for: taken
+        (run, "--device cpu --dtype float16", "float16", 1),
     ]:
         torch.set_num_threads(2)
         sampled(capsys, path, argv + " --seed 1", 8)  # their text may differ
         weight, vocab = seen[-1]
-        assert (weight.dtype, weight.device.type, vocab) == (dtype, "cpu", 65)
+        assert (weight.dtype, weight.device.type, vocab) == (getattr(torch, dtype), "cpu", 65)
         assert torch.get_num_threads() == threads
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # set: kept
     torch.set_num_threads(2)

@@ -14,30 +14,29 @@ from model.textbook import MultiHeadAttention
 
 SELF = dict(num_heads=2, emb_size=8, head_size=4)
 D2L = dict(num_heads=5, emb_size=100, head_size=20, query_size=10, key_size=20, value_size=30)
-# name: (MultiHeadAttention's arguments, Tq, Tk)
-CONFIGS = {
-    "gpt-block-512": (
-        dict(num_heads=8, emb_size=512, head_size=64, causal=True, max_seq_len=1024, dropout=0.1),
-        20,
-        20,
-    ),
-    "self": (SELF, 5, 5),
-    "one-key": (SELF, 5, 1),
-    "d2l-widths-10-20-30": (D2L | dict(dropout=0.5, bias=False), 4, 6),
-    "causal-cross-heads-of-6": (
-        dict(num_heads=2, emb_size=16, head_size=6, causal=True, max_seq_len=16),
-        5,
-        8,
-    ),
-}
-MASKS = "none tril (Tq,Tk) nothing (B,1,1,Tk) (B,1,Tq,Tk) lens(B,) lens(B,Tq) mask+lens".split()
 
 
-@pytest.mark.parametrize("mask_name", MASKS)
-@pytest.mark.parametrize("config", CONFIGS)
-def test_attention_is_softmax_qk_v_and_each_query_sees_only_what_it_may(config, mask_name):
-    kw, Tq, Tk = CONFIGS[config]
-    nh, causal = kw["num_heads"], kw.get("causal", False)
+# The forms of mask: none, tril, (Tq,Tk), nothing, (B,1,1,Tk), (B,1,Tq,Tk), lens(B,), lens(B,Tq),
+# mask+lens
+@pytest.mark.parametrize("form", range(9))
+@pytest.mark.parametrize(
+    "kw, Tq, Tk",  # MultiHeadAttention's arguments: a GPT block's, self attention, one key, d2l's
+    [  # widths 10, 20, 30, causal cross attention with heads of 6
+        (
+            dict(
+                num_heads=8, emb_size=512, head_size=64, causal=True, max_seq_len=1024, dropout=0.1
+            ),
+            20,
+            20,
+        ),
+        (SELF, 5, 5),
+        (SELF, 5, 1),
+        (D2L | dict(dropout=0.5, bias=False), 4, 6),
+        (dict(num_heads=2, emb_size=16, head_size=6, causal=True, max_seq_len=16), 5, 8),
+    ],
+)
+def test_attention_is_softmax_qk_v_and_each_query_sees_only_what_it_may(kw, Tq, Tk, form):
+    nh, causal = kw["num_heads"], "causal" in kw
     torch.manual_seed(0)
     mha = MultiHeadAttention(**kw).eval()
     assert [m.p for m in mha.modules() if isinstance(m, torch.nn.Dropout)] == [
@@ -45,50 +44,51 @@ def test_attention_is_softmax_qk_v_and_each_query_sees_only_what_it_may(config, 
     ] * (nh + 1)
     assert sum(p.dim() == 1 for p in mha.parameters()) == (3 * nh + 1) * kw.get("bias", True)
     assert all((h.future is None) != causal for h in mha.heads)
-    sizes = [kw.get(f"{n}_size", kw["emb_size"]) for n in ("query", "key", "value")]
-    q, k, v = (torch.randn(2, T, n) for T, n in zip((Tq, Tk, Tk), sizes))
+    q, k, v = (
+        torch.randn(2, T, kw.get(f"{n}_size", kw["emb_size"]))
+        for n, T in (("query", Tq), ("key", Tk), ("value", Tk))
+    )
     # The write-ups' forms (1 = keep), each but none and tril leaving a query no key.
     rand, lens = torch.rand(2, 1, Tq, Tk) > 0.5, torch.tensor([(Tk + 1) // 2, 0])
     rand[1, 0, 1] = False
-    mask, lens = [
-        (None, None),
-        (torch.ones(Tq, Tk).tril(), None),
-        (rand[1, 0], None),
-        (torch.zeros(Tq, Tk), None),
-        ((torch.arange(Tk) < lens[:, None]).float()[:, None, None], None),
-        (rand, None),
-        (None, lens),
-        (None, torch.arange(2 * Tq).view(2, Tq) % (Tk + 1)),
-        (rand[1, 0].float(), lens),
-    ][MASKS.index(mask_name)]
+    mask = [
+        None,
+        torch.ones(Tq, Tk).tril(),
+        rand[1, 0],
+        torch.zeros(Tq, Tk),
+        (torch.arange(Tk) < lens[:, None]).float()[:, None, None],
+        rand,
+        None,
+        None,
+        rand[1, 0].float(),
+    ][form]
+    lens = [*[None] * 6, lens, torch.arange(2 * Tq).view(2, Tq) % (Tk + 1), lens][form]
     # The spec: the keys the mask zeroes, and those at or past a valid length, score -1e9 with a
     # mask, -1e6 with lengths alone (a query that sees no key averages the values); the future -inf.
-    hide = torch.zeros(2, Tq, Tk, dtype=torch.bool)
+    hide = torch.zeros(2, Tq, Tk) > 0
     if mask is not None:
         hide |= (mask if mask.dim() == 2 else mask[:, 0]) == 0
     if lens is not None:
         hide |= torch.arange(Tk) >= lens.view(2, -1, 1)
-    future = (torch.arange(Tk) > torch.arange(Tq)[:, None]) & causal
+    future = torch.ones(Tq, Tk).triu(1).bool() & causal
     outs, seen = [], []
     for h in mha.heads:
-        scores = h.query(q) @ h.key(k).mT / h.query.out_features**0.5
-        scores = scores.masked_fill(hide, -1e6 if mask is None else -1e9)
+        scores = (h.query(q) @ h.key(k).mT / h.query.out_features**0.5).masked_fill(
+            hide, -1e6 if mask is None else -1e9
+        )
         outs.append(scores.masked_fill(future, -torch.inf).softmax(-1) @ h.value(v))
-        h.dropout.register_forward_hook(lambda mod, inp, out: seen.append(inp[0]))
+        h.dropout.register_forward_hook(lambda _, inp, out: seen.append(inp[0]))
     y = mha(q, k, v, mask, valid_lens=lens)
     assert_close(y, mha.proj(torch.cat(outs, -1)), atol=1e-5, rtol=0)
     y.square().sum().backward()
     assert all(p.grad.isfinite().all() for p in mha.parameters())
     # Weight above 0 on each key a query sees; where it sees none, on each of the past's.
-    sees = ~hide & ~future
-    empty = ~sees.any(-1, keepdim=True)
-    sees = torch.where(empty, ~future, sees)
-    w = torch.stack(seen)  # (nh, B, Tq, Tk)
-    assert torch.equal(w > 0, sees.expand_as(w))
+    sees = ~(hide | future)
+    sees = torch.where(sees.any(-1, keepdim=True), sees, ~future)
+    assert ((torch.stack(seen) > 0) == sees).all()  # (nh, B, Tq, Tk) against (B, Tq, Tk)
     for j in {0, Tk // 2, Tk - 1}:  # a key changed changes the outputs of those that see it
         e = (torch.arange(Tk) == j)[:, None]
-        moved = (mha(q, k + e, v + e, mask, valid_lens=lens) != y).any(-1)
-        assert torch.equal(moved, sees[..., j])
+        assert torch.equal((mha(q, k + e, v + e, mask, valid_lens=lens) != y).any(-1), sees[..., j])
 
 
 def test_key_and_value_default_each_head_has_its_own_buffer_dropout_trains_and_refusals():
@@ -96,9 +96,9 @@ def test_key_and_value_default_each_head_has_its_own_buffer_dropout_trains_and_r
     x, ctx = torch.randn(2, 5, 8), torch.randn(2, 3, 8)
     assert torch.equal(mha(x), mha(x, x, x)) and torch.equal(mha(x, ctx), mha(x, ctx, ctx))
     for mask in (
-        torch.ones(2, 5, 5, dtype=torch.bool),  # 3-D: neither write-up's shape
-        torch.ones(5, dtype=torch.bool),
-        torch.ones(5, 5, dtype=torch.long),  # neither bool nor float
+        torch.ones(2, 5, 5) > 0,  # 3-D: neither write-up's shape
+        torch.ones(5) > 0,
+        torch.ones(5, 5).long(),  # neither bool nor float
         torch.tensor([3, 2]),  # the d2l call's lengths passed fourth: they go by keyword
     ):
         with pytest.raises(ValueError, match="mask: bool or 0/1 float"):
@@ -107,14 +107,14 @@ def test_key_and_value_default_each_head_has_its_own_buffer_dropout_trains_and_r
         with pytest.raises(ValueError, match="causal=True needs max_seq_len"):
             MultiHeadAttention(**SELF, **kw)
     causal = MultiHeadAttention(**SELF, causal=True, max_seq_len=32)
-    futures = [h.future for h in causal.heads]
-    assert all(torch.equal(f, torch.ones(32, 32).triu(1).bool()) for f in futures)
-    assert futures[0].data_ptr() != futures[1].data_ptr()  # one buffer per head, not a shared one
+    a, b = (h.future for h in causal.heads)
+    assert torch.equal(a, torch.ones(32, 32).triu(1) > 0) and torch.equal(a, b)
+    assert a.data_ptr() != b.data_ptr()  # one buffer per head, not a shared one
     assert not any("future" in name for name in causal.state_dict())
     d2l = MultiHeadAttention(**D2L, dropout=0.5)
-    q, k, v = torch.randn(2, 4, 10), torch.randn(2, 6, 20), torch.randn(2, 6, 30)
+    q, k, v = (torch.randn(2, 6, n) for n in (10, 20, 30))
     assert 0.3 < (d2l(q, k, v) == 0).float().mean() < 0.7  # training: the output's dropout at 0.5
-    assert not torch.equal(d2l.heads[0](q, k, v), d2l.heads[0](q, k, v))  # and the weights'
+    assert not torch.equal(*(d2l.heads[0](q, k, v) for _ in range(2)))  # and the weights'
 
 
 def test_a_visible_key_scoring_under_the_fill_loses_to_the_hidden_ones():
@@ -124,8 +124,8 @@ def test_a_visible_key_scoring_under_the_fill_loses_to_the_hidden_ones():
     head = mha.heads[0]
     for lin, scale in ((head.query, 1000), (head.key, -1000), (head.value, 1), (mha.proj, 1)):
         lin.weight.data = scale * torch.eye(4)
-    q, k = torch.ones(1, 1, 4), torch.ones(1, 3, 4)  # every score -4e6 / sqrt(4) = -2e6
-    v, one, keep = torch.randn(1, 3, 4), torch.tensor([1]), torch.tensor([[True, False, False]])
+    q, k = (torch.ones(1, T, 4) for T in (1, 3))  # every score -4e6 / sqrt(4) = -2e6
+    v, one, keep = torch.randn(1, 3, 4), torch.tensor([1]), torch.eye(1, 3) > 0
     assert_close(mha(q, k, v, valid_lens=one), v[:, 1:].mean(1, keepdim=True))
     for y in (mha(q, k, v, keep), mha(q, k, v, keep, valid_lens=one), head(q, k, v, keep)):
         assert_close(y, v[:, :1])

