@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -76,6 +77,25 @@ def one_thread(monkeypatch):
     monkeypatch.setattr("training.runtime.idle_cores", lambda: 1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> list[float]:
+    """train.py's clock made the test's: it moves only by the tokens each forward pass reads (twice
+    with gradients), so that a --max-time run takes the same steps on a busy machine as on an idle
+    one. clock[0] is the time."""
+    import train
+    from model.gpt import GPT
+
+    now, forward = [0.0], GPT.forward
+
+    def timed(self, idx, *args, **kwargs):
+        now[0] += idx.numel() * 1e-4 * (1 + torch.is_grad_enabled())
+        return forward(self, idx, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", timed)
+    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: now[0]))
+    return now
 
 
 @pytest.fixture(scope="session")
