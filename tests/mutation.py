@@ -1,7 +1,7 @@
 """Mutation score of the core: how many small bugs (mutants) the test suite catches.
 
     pip install mutmut==3.8.1
-    python tests/mutation.py                   # the whole core: hours on 2 cores
+    python tests/mutation.py                   # the whole core: about 50 minutes on 2 cores
     python tests/mutation.py --only 'optim*'   # one module's mutants (mutmut's name patterns)
     python tests/mutation.py --again           # after adding tests: retest the last run's survivors
     python tests/mutation.py --again --only 'model.gpt*'     # or every mutant of a changed module

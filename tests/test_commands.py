@@ -28,7 +28,7 @@ TINY = "--max-iters 2 --eval-interval 1 --eval-iters 1 --eval-batch-size 2 --bat
 SAMPLE = "--max-new-tokens 4 --device cpu"
 EVAL = "--device cpu --block-size 16 --eval-batch-size 64 --threads 1"  # a whole val split
 # documented => the flags added here => what it prints (=> its marks); the mutation score takes
-# hours: its --help
+# most of an hour: its --help
 RUNS = f"""
 python train.py --config small => {TINY} => checkpoint
 python train.py --config small --resume => --max-iters 3 => resuming at step 2
