@@ -149,6 +149,14 @@ def test_shapes_buffers_and_the_parameter_count():
     (fresh := GPT(m.config).eval()).load_state_dict(m.state_dict())  # strict: none missing or extra
     assert torch.equal(fresh(ids())[0], m(ids())[0])
     assert rotate(torch.ones(2, 8).bfloat16(), m.cos[:2], m.sin[:2]).dtype == torch.bfloat16
+    # position p's angle at frequency j of a head of 8: p * 10000^(-2j/8); cropped to a shorter
+    # context, the tables and masks keep their first rows and the logits stay the same
+    angles = torch.arange(m.config.block_size)[:, None] * 10000.0 ** -torch.arange(0, 1, 0.25)
+    assert torch.allclose(torch.complex(m.cos, m.sin), torch.exp(1j * angles), atol=1e-6)
+    logits = m(ids(8))[0]
+    m.crop(8)
+    assert m.cos.size(0) == m.sin.size(0) == m.transformer.h[1].attn.future.size(1) == 8
+    assert torch.equal(m(ids(8))[0], logits) and m.config.block_size == 8
 
 
 def test_init_is_gpt2s_and_the_head_is_tied_to_the_embedding():
