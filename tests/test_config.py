@@ -51,7 +51,7 @@ def test_presets_load_and_name_their_run_folder_and_no_config_is_small():
         assert (cfg.name, cfg.out_dir, cfg.run_dir) == (name, "", Path("out", name))
         # the GPU presets: the same batch, however many GPUs torchrun starts
         assert name in ("small", "tiny") or cfg.tokens_per_step >= cfg.batch_size * cfg.block_size
-    small = parse("--config small --n-layer 4 --n-embd 128 --max-iters 1050 --optimizer muon")
+    small = parse("--config small --n-layer 4 --n-embd 96 --max-iters 1050 --optimizer muon")
     assert parse("") == small == load_config("small")  # no --config, and no flag that changes
     assert parse("--config gpt2 --vocab-size 50304 --compile") == load_config("gpt2")
     assert parse("--config tiny") == parse("--config=tiny") == TINY

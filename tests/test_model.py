@@ -211,7 +211,7 @@ def test_shape_walk_and_python_m_model_print_each_modules_output_shape(capsys, t
 
     small = walk("--config", "small")
     assert walk() == small  # the default
-    assert small.startswith("GPT: 801,664 parameters, 4 layers, 4 heads of size 32")
+    assert small.startswith("GPT: 453,792 parameters, 4 layers, 4 heads of size 24")
     assert "\ninput idx (1, 64) token ids\n" in small  # its logits: test_commands
     assert "\nwte" in small and "wpe" not in small  # rope
     assert "\nlogits (2, 8, 65): " in walk("--batch-size", "2", "--seq-len", "8")
