@@ -238,7 +238,7 @@ def test_the_dtype_threads_and_vocabulary_follow_the_flags_and_the_model(
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     padded = saved(tmp_path / "256.pt", n_embd=256, vocab_size=80)  # 65 ids, 80 rows
     for path, argv, dtype, threads in [
-        (padded, "--device auto --dtype auto", "float32", 1),  # n_embd 256: float32, a thread
+        (padded, "--device auto --dtype auto", "float32", 1),  # small: float32, one thread
         (saved(tmp_path / "272.pt", n_embd=272), "", "bfloat16" if bf16_cpu else "float32", 2),
         (padded, "--dtype bfloat16", "bfloat16", 1),  # asked for: taken
         (run, "--device cpu --dtype float16", "float16", 1),
