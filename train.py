@@ -524,7 +524,7 @@ def train(cfg: TrainConfig) -> dict:
                 with rt.autocast():
                     sampling = 0.8, 200, None, generator, tok.vocab_size
                     for t in generate(model, start, cfg.sample_tokens, *sampling):
-                        if requests:  # a signal ends the sample too
+                        if requests or time.time() > deadline:  # a signal or the time limit
                             break
                         ids.append(int(t))
                 text = tok.decode(ids)

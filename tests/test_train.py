@@ -17,7 +17,7 @@ from signal import SIGINT, SIGTERM, SIGUSR1
 
 import pytest
 import torch
-from conftest import ROOT, in_process, one_error_line, script, tiny, tiny_args
+from conftest import ROOT, in_process, script, tiny, tiny_args
 from filelock import FileLock
 from torch.utils._pytree import tree_map_only
 
@@ -26,7 +26,6 @@ import train
 from configs import UserError, parse_args, settings
 from data.loader import Batches
 from model.checkpoint import load_checkpoint, model_from
-from model.hf import load_weights
 from training.optim import lr_factor
 
 PIPE = dict(cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -63,7 +62,7 @@ def same_run(a, b):
     their data are, and the clock) and the same metrics (but for the clock)."""
 
     def kept(run):
-        c = torch.load(run / "ckpt.pt", weights_only=True)
+        c = load_checkpoint(run / "ckpt.pt")
         del c["config"]["out_dir"], c["config"]["data_root"], c["state"]["seconds"]
         rows = [r | dict(time=0, tokens_per_s=0) for r in read(run)]
         return tree_map_only(torch.Tensor, lambda t: (t.dtype, t.tolist()), c), rows
@@ -84,42 +83,28 @@ def signal_at(sig, at, *more):
     return Signalled
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, data_root):
-    """A finished run (Muon, learned positions, one eval at the end on whole splits, a sample):
-    its folder, and what it printed."""
-    base = tmp_path_factory.mktemp("trained")
-    flags = (
-        "--optimizer muon --dtype float32 --threads 1 --pos-emb learned --eval-iters 0"
-        " --eval-batch-size 512 --eval-interval 20 --sample-tokens 32"
-    ).split()
-    done = in_process(train.main, *tiny_args(base, data_root, *flags))
-    assert done.returncode == 0, done.stderr
-    return base / "run", done.stdout
-
-
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_stop_signals_save_the_step_and_exit_128_plus_n_and_the_resumes_end_bit_for_bit(
     tmp_path, data_root, monkeypatch, optimizer
 ):
     """Dropout 0.1, so that the resumed runs must draw the same dropout masks too."""
-    run, handler = tmp_path / "cut" / "run", signal.getsignal(SIGINT)
+    run, handler = tmp_path / "run", signal.getsignal(SIGINT)
 
-    def main(folder, *more, batches=Batches):
+    def main(*more, folder=tmp_path, batches=Batches):
         monkeypatch.setattr(train, "Batches", batches)
         flags = f"--dropout 0.1 --optimizer {optimizer} --sample-tokens 16".split()
         return in_process(train.main, *tiny_args(folder, data_root, *flags, *more))
 
-    assert "a sample" in main(tmp_path / "full").stdout
+    assert "a sample" in main(folder=tmp_path / "full").stdout
     # a second Ctrl-C quits at once: step 3 (the 4th) neither ends nor is saved
-    done = main(run.parent, batches=signal_at(SIGINT, 3, SIGINT))
+    done = main(batches=signal_at(SIGINT, 3, SIGINT))
     assert done.returncode == 130 and done.stderr.endswith("\ninterrupted\n")
     assert "Traceback" not in done.stderr and signal.getsignal(SIGINT) is handler
     assert max(read(run, "loss")) == 3 and not (run / "ckpt.pt").exists()
     try:
         for n, (at, sig) in enumerate([(3, SIGINT), (7, SIGTERM), (12, SIGUSR1)]):
             old = signal.getsignal(sig)
-            done = main(run.parent, *["--resume"][:n], batches=signal_at(sig, at, *[SIGINT][:n]))
+            done = main(*["--resume"][:n], batches=signal_at(sig, at, *[SIGINT][:n]))
             assert done.returncode == 128 + sig and signal.getsignal(sig) is old
             assert f"stopped at step {at + 1} by {sig.name}" in done.stdout  # step `at` finished
             assert f"checkpoint {run / 'ckpt.pt'}" in done.stdout and "a sample" not in done.stdout
@@ -129,7 +114,7 @@ def test_stop_signals_save_the_step_and_exit_128_plus_n_and_the_resumes_end_bit_
             signal.signal(SIGINT, signal.SIG_IGN)
     finally:
         signal.signal(SIGINT, handler)
-    assert main(run.parent, "--resume").returncode == 0
+    assert main("--resume").returncode == 0
     same_run(tmp_path / "full" / "run", run)
     # the lr each step trained with: warmup over 2 steps, then the cosine down to min_lr
     c = tiny(tmp_path, data_root)
@@ -145,11 +130,11 @@ def test_a_fresh_run_takes_a_killed_runs_folder_and_the_idle_cores_and_logs_the_
     process holds then, and what it logged."""
     run = tmp_path / "run"
     run.mkdir()
-    for name, text in (
-        (".lock", ""),
-        ("config.json", '{"lr": 1}'),
-        ("metrics.jsonl", '{"step": 9, "loss": 9}'),
-    ):
+    for name, text in {
+        ".lock": "",
+        "config.json": '{"lr": 1}',
+        "metrics.jsonl": '{"step": 9, "loss": 9}',
+    }.items():
         (run / name).write_text(text)
     with FileLock(run / ".lock"):  # as a run that is alive holds it
         # a fresh run's refusal: test_failures.py's test_a_run_folder_of_other_files_or_in_use
@@ -159,73 +144,69 @@ def test_a_fresh_run_takes_a_killed_runs_folder_and_the_idle_cores_and_logs_the_
     cfg = tiny(
         tmp_path, data_root, max_iters=1, dtype="float32", tokens_per_step=512, lr=0.0, min_lr=0.0
     )
-    assert train.train(cfg)["step"] == 1 and torch.get_num_threads() == 2
+    train.train(cfg)  # its one step: the loss logged below
+    assert torch.get_num_threads() == 2
     checkpoint = load_checkpoint(run / "ckpt.pt")
     saved = settings(replace(cfg, threads=2, vocab_size=checkpoint["model_config"]["vocab_size"]))
     assert json.loads((run / "config.json").read_text()) == checkpoint["config"] == saved
     # the logged loss is the mean of the 4 micro-batches' losses, which differ
     micro = Batches(data_root / "shakespeare_char" / "train.bin", 32, 4, 4, 0, 1, cfg.seed, "cpu")
-    with torch.no_grad():
-        each = [model_from(checkpoint)(x, y)[1].item() for x, y in micro(0)]
+    each = [model_from(checkpoint)(x, y)[1].item() for x, y in micro(0)]
     mean = sum(each) / 4
     assert min(abs(loss - mean) for loss in each) > 1e-4
     assert read(run, "loss") == {1: pytest.approx(mean, rel=1e-6)}
 
 
-def test_a_nan_loss_or_a_save_that_fails_keeps_the_last_good_checkpoint_whole(
-    tmp_path, data_root, monkeypatch
+# the fault | ckpt.pt's step, the last step logged | the error
+FAULTS = """loss | 15 15 | configs.UserError: the loss became nan at step 16; stopped, keeping {} \
+(step 15)
+disk | 15 20 | OSError: [Errno 28] No space left on device
+weights | 20 20 | configs.UserError: the weights became nan or inf at step 20; stopped, keeping {} \
+(step 20)
+nan | 20 20 | configs.UserError: the val loss became nan at step 20; stopped, keeping {} (step 20)
+inf | 20 20 | configs.UserError: the val loss became inf at step 20; stopped, keeping {} (step 20)
+RuntimeError | 20 20 | RuntimeError: the eval died"""
+
+
+@pytest.mark.parametrize("row", FAULTS.splitlines())
+def test_a_bad_loss_eval_or_save_stops_keeping_the_last_good_checkpoint_whole_and_the_best(
+    tmp_path, data_root, monkeypatch, row
 ):
-    steps, run = [], tmp_path / "run"
+    """Evals at steps 5, 10, 15 and 20 score 3.0, 2.0, 2.5, then the fault; or the weights become
+    nan after step 15's or in step 20's, or saving step 20 fills the disk. A step is saved before
+    its eval, and best.pt before the eval that made it the best."""
+    fault, steps, why = row.split(" | ")
+    values, run = iter([3.0, 2.0, 2.5, fault]), tmp_path / "run"
 
-    def poisoned(self, *args, forward=train.GPT.forward):  # training's loss nan after 12 steps
-        logits, loss = forward(self, *args)
-        steps.append(self.training)
-        return logits, loss * math.nan if self.training and sum(steps) > 12 else loss
+    def evaluate(model, *args):
+        if (value := next(values)) == "RuntimeError":
+            raise RuntimeError("the eval died")
+        if value == 2.5 and fault == "loss":  # then step 16's loss is nan
+            model.lm_head.weight.data[0] = math.nan
+        if value == 2.5 and fault == "disk":  # then step 20's save fills the disk
+            monkeypatch.setattr(torch, "save", disk_full)
+        if value == "weights":  # the last eval's: the save after it refuses them
+            model.lm_head.weight.data[0], value = math.nan, 1.0
+        return {"val_loss": float(value), "train_loss": 1.0}
 
-    monkeypatch.setattr(train.GPT, "forward", poisoned)
-    with pytest.raises(UserError, match=r"^the loss became nan at step 13; stopped, keeping "):
-        fit(tmp_path, data_root, eval_interval=5)
-    checkpoint = load_checkpoint(run / "ckpt.pt")
-    assert checkpoint["state"]["step"] == 10 and max(read(run, "loss")) == 12
-    assert all(t.isfinite().all() for t in checkpoint["model"].values())
-
-    def disk_full_at_step_10(obj, f, save=torch.save):
-        if obj["state"]["step"] != 10:
-            return save(obj, f)
+    def disk_full(obj, f):
         f.write_bytes(b"PK\x03\x04 half a zip")  # some bytes land, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    steps.clear()  # no nan before the disk is full
-    monkeypatch.setattr(torch, "save", disk_full_at_step_10)
-    monkeypatch.setattr(os, "link", lambda *args: os.stat("none"))  # links refused: best.pt a copy
-    run = tmp_path / "full" / "run"
-    with pytest.raises(OSError, match="No space left"):
-        fit(run.parent, data_root, eval_interval=5)
-    assert step_of(run) == step_of(run, "best.pt") == 5
-    assert not any(name.endswith((".tmp", ".old")) for name in os.listdir(run))
-
-
-@pytest.mark.parametrize("bad", [math.nan, math.inf, RuntimeError("the eval died")])
-def test_best_pt_keeps_the_lowest_val_loss_and_a_bad_eval_stops_with_its_steps_saved_first(
-    tmp_path, data_root, monkeypatch, bad
-):
-    values, run = iter([3.0, 2.0, 2.5, bad]), tmp_path / "run"  # steps 5, 10, 15, 20
-
-    def evaluate(*args):
-        value = next(values)
-        if isinstance(value, Exception):
-            raise value
-        return {"val_loss": value, "train_loss": 1.0}
-
     monkeypatch.setattr(train, "evaluate", evaluate)
-    why = f"the val loss became {bad} at step 20; stopped, keeping {run / 'ckpt.pt'} (step 20)"
+    if fault == "disk":  # and links refused: best.pt a copy
+        monkeypatch.setattr(os, "link", lambda *args: os.stat("none"))
     with pytest.raises(Exception) as e:
         fit(tmp_path, data_root, eval_interval=5)
-    assert str(e.value).startswith(why if isinstance(bad, float) else str(bad))
-    # saved before the eval; best.pt before the eval that made it the best, and sample.py reads it
-    assert step_of(run) == 20 and load_checkpoint(run / "ckpt.pt")["state"]["best_val"] == 2.0
-    assert step_of(run, "best.pt") == load_checkpoint(run)["state"]["step"] == 10
+    assert e.exconly().startswith(why.format(run / "ckpt.pt"))
+    checkpoint = load_checkpoint(run / "ckpt.pt")
+    assert f"{checkpoint['state']['step']} {max(read(run, 'loss'))}" == steps
     assert read(run, "val_loss") == {5: 3.0, 10: 2.0, 15: 2.5}  # step 0 is not evaluated
+    assert checkpoint["state"]["best_val"] == 2.0
+    assert all(t.isfinite().all() for t in checkpoint["model"].values())
+    # best.pt: sample.py's checkpoint
+    assert step_of(run, "best.pt") == load_checkpoint(run)["state"]["step"] == 10
+    assert not any(name.endswith((".tmp", ".old")) for name in os.listdir(run))
 
 
 @pytest.mark.parametrize("at_eval", [0, 1])  # the first eval (step 5), and step 10's
@@ -234,12 +215,11 @@ def test_a_signal_during_an_eval_ends_it_at_once_and_no_step_is_trained_after_it
 ):
     """SIGTERM comes with the second val batch of eval number at_eval: that batch is not used, no
     more are asked for, train's batches are not read, and the run saves what it had and stops."""
-    reads, handed, run = [], [], tmp_path / "run"
+    handed, run = [], tmp_path / "run"
 
     def signalled(path, *args, batches=train.eval_batches):
-        reads.append(path.name)
-        for i, batch in enumerate(batches(path, *args)):
-            if len(reads) == 2 * at_eval + 1 and i == 1:  # eval at_eval's val.bin
+        for batch in batches(path, *args):
+            if len(handed) == 8 * at_eval + 1:  # after 4 val and 4 train batches an eval
                 signal.raise_signal(SIGTERM)
             handed.append(path.name)
             yield batch
@@ -249,7 +229,6 @@ def test_a_signal_during_an_eval_ends_it_at_once_and_no_step_is_trained_after_it
     step = 5 + 5 * at_eval
     assert (result["step"], result["stop_signal"]) == (step, SIGTERM)
     assert ("loss.png" in capsys.readouterr().out) is bool(at_eval)  # named only when drawn
-    assert reads == ["val.bin", "train.bin"] * at_eval + ["val.bin"]
     assert handed == (["val.bin"] * 4 + ["train.bin"] * 4) * at_eval + ["val.bin"] * 2
     # saved before the eval
     assert read(run, "val_loss").keys() == {5} & {step - 5} and step_of(run) == step
@@ -261,87 +240,89 @@ def refusal(folder, data_root, **fields):
     return str(e.value)
 
 
-def test_a_finished_run_says_where_its_files_are_and_takes_eval_only_and_init_from_but_no_writes(
-    tmp_path, data_root, trained, monkeypatch, capsys
+def test_a_finished_run_says_where_its_files_are_takes_eval_only_and_init_from_and_resumes(
+    tmp_path, data_root, monkeypatch, capsys
 ):
-    """Then runs that cannot start say why in a line, and leave the run's folder as it was."""
-    run, out = trained
-    before = contents(run)
+    """A finished run (Muon, learned positions, one eval at the end on whole splits, a sample).
+    Runs that cannot start say why in a line, and leave its folder as it was; then resumes of it
+    that take changes."""
+    flags = (
+        "--optimizer muon --dtype float32 --threads 1 --pos-emb learned --eval-iters 0"
+        " --eval-batch-size 512 --eval-interval 20 --sample-tokens 32"
+    ).split()
+    done = in_process(train.main, *tiny_args(tmp_path, data_root, *flags))
+    assert done.returncode == 0, done.stderr
+    run, out = tmp_path / "run", done.stdout
+    before, metrics = contents(run), run / "metrics.jsonl"
     assert {
         f"checkpoint {run / 'ckpt.pt'} (the latest, for --resume)",
         f"best       {run / 'best.pt'} (the lowest val loss: sample.py's)",
-        f"metrics    {run / 'metrics.jsonl'} and {run / 'loss.png'}",
+        f"metrics    {metrics} and {run / 'loss.png'}",
     } <= set(out.splitlines())
     assert (run / "loss.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert (run / "best.pt").samefile(run / "ckpt.pt")  # a hard link
     _, text = out.split(f"a sample (python sample.py --out-dir {run} for more):\n")
-    assert len(text) == 33 and step_of(run, "best.pt") == 20  # sample.py's: the final weights
-    more = in_process(sample.main, "--out-dir", run, *"--seed 1337 --max-new-tokens 64".split())
+    # sample.py's best.pt is a link of ckpt.pt (step 20, as the first resume below finds): the
+    # final weights, which sample.py goes on with
+    assert len(text) == 33
+    more = in_process(sample.main, *f"--out-dir {run} --seed 1337 --max-new-tokens 64".split())
     assert more.stdout.startswith(text[:-1]) and len(more.stdout) > 33 and text[-1] == "\n"
-    # --eval-only scores best.pt on all of val, whatever --eval-iters says (tiny's: 2 batches)
-    scored = fit(run.parent, data_root, eval_only=True, eval_batch_size=512, dtype="float32")
+    # --eval-only with the run's config.json as --config (wherever the command is typed) scores
+    # that run's best.pt on all of val, whatever --eval-iters says
+    scored = train.train(
+        parse_args(f"--config {run}/config.json --eval-only --eval-iters 1".split())
+    )
     assert scored == {"stop_signal": 0} | {k: read(run, k)[20] for k in ("val_loss", "train_loss")}
     out, val = capsys.readouterr().out, scored["val_loss"]
     assert f"val_loss {val:.4f}  perplexity {math.exp(val):.2f}" in out
-    # a run folder holding either checkpoint (here, links of one file)
-    saved = load_checkpoint(run / "ckpt.pt")["model"]
-    for gone in "best.pt", "ckpt.pt":
-        folder = shutil.copytree(run, tmp_path / gone / "run")
-        (folder / gone).unlink()
-        model, manifest = load_weights(str(folder), dropout=0.25)
-        assert model.config.dropout == 0.25 and manifest["name"] == "shakespeare_char"
-        assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
-    # a run of block 32 with --block-size 16: one block_size, the checkpoint's
-    fit(tmp_path, data_root, max_iters=2, init_from=f"{tmp_path}/ckpt.pt/run", block_size=16)
-    checkpoint = load_checkpoint(tmp_path / "run")  # from the copy that holds only best.pt
-    assert checkpoint["model_config"]["block_size"] == checkpoint["config"]["block_size"] == 16
-    assert checkpoint["model"]["transformer.wpe.weight"].shape == (16, 16)
-    assert model_from(checkpoint).transformer.h[0].attn.future.shape == (16, 16)
-    # what --eval-only names: with the run's config.json as --config, that run's best.pt,
-    # wherever the command is typed; without best.pt, ckpt.pt
-    monkeypatch.setattr(train, "evaluate", lambda *args: {"val_loss": 1.0})
-    train.train(parse_args(["--config", str(run / "config.json"), "--eval-only"]))
-    fit(tmp_path / "best.pt", data_root, eval_only=True)
-    heads = [line for line in (out + capsys.readouterr().out).splitlines() if " on " in line]
-    assert heads == [f"{run}/best.pt on shakespeare_char, windows of 32:"] * 2 + [
-        f"{tmp_path}/best.pt/run/ckpt.pt on shakespeare_char, windows of 32:"
-    ]
-    (tmp_path / "file").write_text("")
-    assert refusal(tmp_path / "file", data_root) == (
-        f"cannot write in {tmp_path / 'file' / 'run'} (Not a directory); pick another --out-dir"
+    # --init-from a run folder that holds only ckpt.pt (only best.pt, and the weights it loads:
+    # test_sample.py's test_greedy_decoding_streams_each_prompt_and_its_likeliest_tokens), of
+    # block 32, with --block-size 16: one block_size, the checkpoint's
+    folder = shutil.copytree(run, tmp_path / "best.pt" / "run")
+    (folder / "best.pt").unlink()
+    fit(
+        tmp_path / "init",
+        data_root,
+        max_iters=2,
+        init_from=str(folder),
+        block_size=16,
+        dropout=0.25,
     )
-    (tmp_path / "empty" / "run").mkdir(parents=True)
-    for folder in tmp_path / "empty", tmp_path / "absent":
-        assert refusal(folder, data_root, eval_only=True).startswith(
-            f"no checkpoint at {folder / 'run' / 'ckpt.pt'}; "
-        )
-    short = in_process(train.main, *tiny_args(tmp_path / "short", data_root, "--max-time", 0.5))
+    checkpoint = load_checkpoint(tmp_path / "init" / "run")
+    assert checkpoint["model_config"]["block_size"] == checkpoint["config"]["block_size"] == 16
+    assert checkpoint["model_config"]["dropout"] == 0.25
+    assert checkpoint["model"]["transformer.wpe.weight"].shape == (16, 16)
+    # what --eval-only names: that run's best.pt; without best.pt, ckpt.pt
+    with monkeypatch.context() as m:
+        m.setattr(train, "evaluate", lambda *args: {"val_loss": 1.0})
+        fit(tmp_path / "best.pt", data_root, eval_only=True)
+    heads = [line for line in (out + capsys.readouterr().out).splitlines() if " on " in line]
+    assert heads == [
+        f"{run}/best.pt on shakespeare_char, windows of 32:",
+        f"{tmp_path}/best.pt/run/ckpt.pt on shakespeare_char, windows of 32:",
+    ]
     assert re.fullmatch(
-        r"error: --max-time 0.5 leaves no time for a step: -?[\d.]+ s of it are left after "
-        r"start-up; give more",
-        one_error_line(short),
+        r"--max-time 0.5 leaves no time for a step: -?[\d.]+ s of it are left after start-up; "
+        "give more",
+        refusal(tmp_path / "short", data_root, max_time=0.5),
     )
     assert not (tmp_path / "short" / "run" / "ckpt.pt").exists()
-    # a fresh run in a trained run's folder: test_failures.py's MISTAKES
+    # a fresh run in a trained run's folder, one in a file, --eval-only of no checkpoint:
+    # test_failures.py's MISTAKES
 
     def read_only(path, flags, *args, real=os.open):  # the run's folder refuses writes
         if flags & (os.O_WRONLY | os.O_RDWR) and str(path).startswith(str(run)):
             raise PermissionError(errno.EACCES, "Permission denied")
         return real(path, flags, *args)
 
-    monkeypatch.setattr(os, "open", read_only)
-    why = f"cannot write in {run} (Permission denied); make it writable to resume it"
-    assert refusal(run.parent, data_root, resume=True, max_iters=30) == why
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(os, "open", read_only)
+        why = f"cannot write in {run} (Permission denied); make it writable to resume it"
+        assert refusal(tmp_path, data_root, resume=True, max_iters=30) == why
     assert contents(run) == before  # nothing trained, nothing written
 
-
-def test_a_resume_takes_changes_drops_the_metrics_past_its_checkpoint_and_keeps_its_threads(
-    tmp_path, data_root, trained, monkeypatch, capsys
-):
-    run = shutil.copytree(trained[0], tmp_path / "run")
-    before, metrics = contents(run), run / "metrics.jsonl"
-    monkeypatch.setattr("training.runtime.idle_cores", lambda: 2)  # it keeps the 1 it had
+    # resumes, with 2 idle cores: each keeps the 1 thread the run had
+    monkeypatch.setattr("training.runtime.idle_cores", lambda: 2)
 
     def resume(flags):
         return train.train(parse_args(tiny_args(tmp_path, data_root, "--resume", *flags.split())))
@@ -385,7 +366,7 @@ def test_a_resume_takes_changes_drops_the_metrics_past_its_checkpoint_and_keeps_
 
 
 def test_wandb_offline_writes_under_the_run_folder_and_one_that_cannot_start_is_one_line(
-    tmp_path, data_root
+    tmp_path, data_root, monkeypatch
 ):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | {
         "WANDB_SILENT": "true",
@@ -399,9 +380,12 @@ def test_wandb_offline_writes_under_the_run_folder_and_one_that_cannot_start_is_
     # wandb's record log: keys are stored as plain strings
     keys = b"val_loss", b"train_loss", b"tokens_per_s", b"n_layer"
     assert all(k in log.read_bytes() for k in keys)
-    bogus = tiny_args(tmp_path / "bogus", data_root, "--wandb")
-    done = script("train.py", *bogus, env=env | {"WANDB_MODE": "bogus"})
-    assert one_error_line(done).startswith("error: --wandb: wandb did not start (")
+    # in this process: a UserError is one line (test_failures.py's
+    # test_run_turns_a_mistake_or_out_of_memory_into_one_line_and_ctrl_c_into_130)
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    assert refusal(tmp_path / "bogus", data_root, wandb=True).startswith(
+        "--wandb: wandb did not start ("
+    )
     assert os.listdir(tmp_path / "bogus" / "run") == [".lock"]  # no step trained
 
 
@@ -419,12 +403,21 @@ def test_max_time_ends_in_time_with_its_final_eval_saved_and_a_resume_goes_on_wi
     assert stopped["stop_signal"] == SIGUSR1 and 2 < spent < 2.1
     monkeypatch.setattr(train, "Batches", Batches)
     resumed_at = clock[0]
-    result = train.train(replace(cfg, resume=True))
-    assert clock[0] - resumed_at <= cfg.max_time - spent  # the time left, not 5 s more
+
+    def slow(*args, generate=train.generate):  # a sample of 0.01 s a token
+        for t in generate(*args):
+            clock[0] += 0.01
+            yield t
+
+    monkeypatch.setattr(train, "generate", slow)
+    result = train.train(replace(cfg, resume=True, sample_tokens=1000))
+    # the time left, not 5 s more; the sample ends at it, within its last token
+    assert clock[0] - resumed_at <= cfg.max_time - spent + 0.01
     step, state = result["step"], load_checkpoint(run / "ckpt.pt")["state"]
     assert stopped["step"] < step == state["step"] == state["evaluated"] < cfg.max_iters
     assert result["stop_signal"] == 0 and read(run, "val_loss") == {step: result["val_loss"]}
-    assert f"stopped at step {step} by max_time" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"stopped at step {step} by max_time" in out and len(out.split("more):\n")[1]) < 1000
     lrs = read(run, "lr")
     last, first = lrs[stopped["step"]], lrs[stopped["step"] + 1]
     assert last < 0.8 * cfg.lr and first == pytest.approx(last, rel=0.15)
@@ -558,7 +551,7 @@ def test_ddp_is_one_process_and_sigterm_to_one_stops_both_and_the_run_resumes_bi
         ]
         assert processes(*nodes, WORLD_SIZE=2, LOCAL_WORLD_SIZE=1, SIGNAL_AT=at)[2] == (code, code)
         checkpoints.append(load_checkpoint(cut / "ckpt.pt"))
-        assert checkpoints[-1]["state"]["step"] == step
+        assert step_of(cut) == step
     same_run(tmp_path / "ddp" / "run", cut)
     assert train.train(parse_args(tiny_args(tmp_path / "one", data_root, *same)))["step"] == 6
     a, b = checkpoints[-1], load_checkpoint(tmp_path / "one" / "run" / "ckpt.pt")
