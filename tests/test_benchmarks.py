@@ -13,8 +13,8 @@ from benchmarks.__main__ import main
 from configs import load_config
 
 DOCUMENTED = set(re.findall(r"^(python .*?) *(?:#|$)", usage, re.M))
-TINY = "--n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --device cpu --no-compile"
-TINY += " --eval-iters 1 --eval-batch-size 2 --sample-tokens 0 --threads 1 --data-root {}"
+TINY = "--n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --batch-size 2 --device cpu \
+--no-compile --eval-iters 1 --eval-batch-size 2 --sample-tokens 0 --threads 1 --data-root {}"
 # documented command => the flags added here (gpu: here, the one line that says it needs a GPU)
 SHRUNK = dict(
     line.split(" =>")
@@ -47,5 +47,8 @@ def test_benchmark(command, data_root, monkeypatch):
     records = [json.loads(r) for r in re.findall("^{.*", proc.stdout, re.M)]
     assert not proc.returncode and (name == "size" or records), proc.stderr
     for r in records:  # what ran it; no nan
-        assert r["bench"] == name and {"device", "dtype", "threads"} <= r.keys(), r
-        assert all(v == v for v in r.values()), r
+        assert (
+            r["bench"] == name
+            and {"device", "dtype", "threads"} <= r.keys()
+            and all(v == v for v in r.values())
+        ), r

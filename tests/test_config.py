@@ -6,6 +6,7 @@ Command lines are written as a shell has them; tables of cases as text, a case a
 """
 
 import json
+import re
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -81,7 +82,7 @@ def test_every_field_is_a_flag_of_its_type_that_help_shows_with_the_configs_valu
             if hasattr(kind, "__metadata__")
             else (kind, f"the network's (model/gpt.py){weights}")
         )
-        f, choices = "--" + name.replace("_", "-"), get_args(kind)
+        f, choices = f"--{name.replace('_', '-')}", get_args(kind)
         if kind is bool:  # and a word after it is not its value: --compile false
             shown, tries = f", --no-{f[2:]}", {f: True, f"--no-{f[2:]}": False}
             assert refused(f"{config} {f} false") == "unrecognized arguments: false"
@@ -230,7 +231,7 @@ def test_resume_takes_the_runs_settings_and_re_applies_only_what_was_typed():
     )
 
 
-# a command line | its one line
+# a command line | its one line; "..." stands for any text
 MISTAKES = """--config tiny --max-iter 5 | unrecognized arguments: --max-iter 5
 --config tiny --max-iters- 5 | unrecognized arguments: --max-iters- 5
 --config tiny --max-it 5 | unrecognized arguments: --max-it 5
@@ -248,27 +249,21 @@ leave --init-from out
 --config tiny --resume --eval-only | --eval-only scores the run's best.pt: leave --resume out
 --config= | --config is empty; give a preset (finetune_gpt2, gpt2, shakespeare_gpu, small, tiny) \
 or a .toml file
---config me.toml | me.toml: its base is itself, or a base of its base"""
+--config me.toml | me.toml: its base is itself, or a base of its base
+--config smal | --config smal: ...; did you mean --config small? give a preset (finetune_gpt2, \
+gpt2, shakespeare_gpu, small, tiny) or a .toml file
+--config configs/small.py | --config configs/small.py: ...; did you mean --config small? give a \
+preset (finetune_gpt2, gpt2, shakespeare_gpu, small, tiny) or a .toml file
+--config bad.toml | --config bad.toml: ...
+--config bad.json | --config bad.json: ...
+--config empty | --config empty: ...empty/config.json..."""
 
 
 @pytest.mark.parametrize("row", MISTAKES.splitlines())
 def test_a_misspelt_malformed_or_idle_flag_or_config_is_one_line(row):
     argv, message = row.split(" | ")
     write("me.toml", 'base = "me.toml"\n')
-    assert refused(argv) == message
-
-
-def test_a_config_that_is_not_there_is_one_line():
-    presets = "give a preset (finetune_gpt2, gpt2, shakespeare_gpu, small, tiny)"
-    # its start, "--config smal: ": test_failures.py's MISTAKES
-    assert refused("--config smal").endswith(
-        f"did you mean --config small? {presets} or a .toml file"
-    )
-    assert f"did you mean --config small? {presets}" in refused("--config configs/small.py")
     write("bad.toml", "max_iters = = 3\n")
     write("bad.json", "{max_iters: 3}")
     Path("empty").mkdir()  # a folder without a run's config.json: named
-    for name in "bad.toml", "bad.json", "empty":
-        assert refused(f"--config {name}").startswith(f"--config {name}: ")
-    assert "empty/config.json" in refused("--config empty")
-    # empty, or its own base: MISTAKES
+    assert re.fullmatch(".*".join(map(re.escape, message.split("..."))), refused(argv))

@@ -9,7 +9,6 @@ import re
 import resource
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from contextlib import nullcontext
@@ -22,9 +21,9 @@ from filelock import FileLock
 
 import sample
 import train
-from configs import UserError, parse_args, run
+from configs import UserError, run
 from data.prepare import main as prepare_main
-from data.prepare import prepare, read_manifest
+from data.prepare import prepare
 from model.checkpoint import load_checkpoint
 from model.gpt import GPT
 
@@ -48,12 +47,12 @@ def root(tmp_path_factory) -> Path:
         ("short", SHAKESPEARE[:3000], ""),  # a val split too short for one window
         ("mixed", SHAKESPEARE[:20000], "other"),  # other text, under the same name
     ):
-        (root / f"{name}.txt").write_text(text)
+        (file := root / f"{name}.txt").write_text(text)
         prepare(
             name,
-            text=root / f"{name}.txt",
+            text=file,
             tokenizer="gpt2" if name == "bpe" else "char",
-            root=str(root / folder),
+            root=root / folder,
             val_fraction=0.01,
         )
     return root
@@ -86,67 +85,47 @@ def launch(line, words):
 
 
 OOM = "out of memory; use a smaller --batch-size or model: "
-# A command, and its one line; "..." stands for any text. RUN is empty, TRAINED a 2-step run on
-# ROOT's `mixed`, DATA holds shakespeare_char.
-MISTAKES = [
-    ("train.py TINY --max-iter 5", "error: unrecognized arguments: --max-iter 5"),
-    ("train.py TINY --compile false", "error: unrecognized arguments: false"),
-    ("train.py TINY --lr nan", "error: --lr nan: expected a finite number, at least 0"),
-    (
-        "train.py --config smal",
-        "error: --config smal: ...small? give a preset "
-        "(finetune_gpt2, gpt2, shakespeare_gpu, small, tiny)...",
-    ),
-    (
-        "train.py TINY --dataset nope",
-        "error: no dataset 'nope' in DATA; prepare it (...give the --data-root...",
-    ),
-    ("train.py TINY --resume", "error: no checkpoint at RUN/ckpt.pt; train one first..."),
-    ("train.py TINY --vocab-size 10", "error: the model's vocabulary (10) is smaller than its..."),
-    ("train.py TINY --tokens-per-step 100", "...not a multiple of ... x processes (128)"),
-    (
-        "train.py TINY --data-root ROOT --dataset short",
-        "...val.bin holds 30 tokens, not a block of 32 and one more...",
-    ),
-    ("train.py TINY --data-root ROOT --dataset bpe --init-from TRAINED", "error: TRAINED was..."),
-    (
-        "train.py TINY MIX --init-from TRAINED --block-size 64",
-        "error: --block-size 64 is longer than the model's context (32); lower it",
-    ),
-    (
-        "train.py TINY MIX --out-dir TRAINED --resume --optimizer muon",
-        "error: cannot resume TRAINED: its optimizer state does not fit...--init-from TRAINED",
-    ),
-    (  # ROOT/other/mixed: prepared again, of other text
-        "train.py TINY --data-root ROOT/other --dataset mixed --out-dir TRAINED --resume",
-        "error: cannot resume TRAINED: dataset mixed is not the data..."
-        "--init-from TRAINED --out-dir NEW",
-    ),
-    (
-        "train.py TINY MIX --out-dir TRAINED",
-        "...holds a trained run;...",
-    ),
-    (
-        "-m data.prepare shakespeare_char --out-root DATA/shakespeare_char/val.bin",
-        "error: cannot make DATA/shakespeare_char/val.bin: ...; give another --out-root",
-    ),
-    ("sample.py --out-dir RUN", "error: no checkpoint at RUN/ckpt.pt; ...writes out/small)"),
-    (
-        "sample.py --out-dir TRAINED --prompt 'R: Ωμ'",
-        f"error: prompt 'R: Ωμ': 'Ωμ': not in this model's {len(set(MIXED))} characters",
-    ),
-    # sample.py's bad values: test_sample.py's REFUSED
-    ("sample.py --out-dir TRAINED/../nan.pt", "...its weights hold nan or inf..."),
-]
+# A command | its one line; "..." stands for any text. TINY is the tiny run's flags, RUN is empty,
+# TRAINED a 2-step run on ROOT's `mixed`, DATA holds shakespeare_char.
+MISTAKES = f"""train.py TINY --max-iter 5 | error: unrecognized arguments: --max-iter 5
+train.py TINY --compile false | error: unrecognized arguments: false
+train.py TINY --lr nan | error: --lr nan: expected a finite number, at least 0
+train.py --config smal | error: --config smal: ...small? give a preset \
+(finetune_gpt2, gpt2, shakespeare_gpu, small, tiny)...
+train.py TINY --dataset nope | error: no dataset 'nope' in DATA; prepare it (...give the \
+--data-root...
+train.py TINY --resume | error: no checkpoint at RUN/ckpt.pt; train one first...
+train.py TINY --eval-only | error: no checkpoint at RUN/ckpt.pt; train one first...
+train.py TINY --eval-only --out-dir ROOT/other | error: no checkpoint at ROOT/other/ckpt.pt; ...
+train.py TINY --out-dir TRAINED/config.json/run | error: cannot write in TRAINED/config.json/run \
+(Not a directory); pick another --out-dir
+train.py TINY --vocab-size 10 | error: the model's vocabulary (10) is smaller than its...
+train.py TINY --tokens-per-step 100 | ...not a multiple of ... x processes (128)
+train.py TINY --data-root ROOT --dataset short | ...val.bin holds 30 tokens, not a block of 32 \
+and one more...
+train.py TINY --data-root ROOT --dataset bpe --init-from TRAINED | error: TRAINED was...
+train.py TINY --data-root ROOT --dataset mixed --init-from TRAINED --block-size 64 | error: \
+--block-size 64 is longer than the model's context (32); lower it
+train.py TINY --data-root ROOT --dataset mixed --out-dir TRAINED --resume --optimizer muon | \
+error: cannot resume TRAINED: its optimizer state does not fit...--init-from TRAINED
+train.py TINY --data-root ROOT/other --dataset mixed --out-dir TRAINED --resume | error: cannot \
+resume TRAINED: dataset mixed is not the data...--init-from TRAINED --out-dir NEW
+train.py TINY --data-root ROOT --dataset mixed --out-dir TRAINED | ...holds a trained run;...
+-m data.prepare shakespeare_char --out-root DATA/shakespeare_char/val.bin | error: cannot make \
+DATA/shakespeare_char/val.bin: ...; give another --out-root
+sample.py --out-dir RUN | error: no checkpoint at RUN/ckpt.pt; ...writes out/small)
+sample.py --out-dir TRAINED --prompt 'R: Ωμ' | error: prompt 'R: Ωμ': 'Ωμ': not in this \
+model's {len(set(MIXED))} characters
+sample.py --out-dir TRAINED/../nan.pt | ...its weights hold nan or inf..."""
+# ROOT/other/mixed is `mixed` prepared again, of other text. sample.py's bad values:
+# test_sample.py's REFUSED.
 
 
-@pytest.mark.parametrize("line, message", MISTAKES)
-def test_a_mistake_is_one_line_and_writes_nothing(
-    tmp_path, data_root, trained, root, line, message
-):
+@pytest.mark.parametrize("row", MISTAKES.splitlines())
+def test_a_mistake_is_one_line_and_writes_nothing(tmp_path, data_root, trained, root, row):
+    line, message = row.split(" | ")
     words = {
         "TINY": "--config tiny --device cpu --sample-tokens 0 --data-root DATA --out-dir RUN",
-        "MIX": "--data-root ROOT --dataset mixed",
         "TRAINED": trained,
         "RUN": tmp_path / "run",
         "DATA": data_root,
@@ -154,7 +133,7 @@ def test_a_mistake_is_one_line_and_writes_nothing(
     }
     before = contents(trained)
     proc = launch(line, words)
-    pattern = ".*".join(map(re.escape, fill(message, words).split("...")))
+    pattern = ".*".join(map(re.escape, fill(message, words).split("...")))  # "...": any text
     assert re.fullmatch(pattern, one_error_line(proc))
     assert contents(tmp_path / "run") == {} and not (data_root / "nope").exists()
     assert contents(trained) == before and (line.startswith("train") or proc.stdout == "")
@@ -163,8 +142,11 @@ def test_a_mistake_is_one_line_and_writes_nothing(
 def test_a_model_that_cannot_fit_is_refused_before_it_is_made(tmp_path, data_root):
     # Its masks alone are 4 x 10 GB: made first, they would fail as the allocator's error.
     flags = "--block-size 100000 --batch-size 16 --dtype bfloat16 --config small".split()
-    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (2**32, 2**32))
-    proc = script("train.py", *tiny_args(tmp_path, data_root, *flags), preexec_fn=limit)
+    proc = script(
+        "train.py",
+        *tiny_args(tmp_path, data_root, *flags),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (2**32, 2**32)),  # 4 GiB
+    )
     assert re.fullmatch(
         r"error: this run needs at least \d{5}\.\d GiB, and .*GiB of cpu memory is free; "
         "use a smaller --batch-size, --block-size or model",
@@ -173,33 +155,29 @@ def test_a_model_that_cannot_fit_is_refused_before_it_is_made(tmp_path, data_roo
     assert contents(tmp_path / "run") == {}
 
 
-@pytest.mark.parametrize(
-    "files, refused",
-    [
-        (
-            {"notes.txt": b"mine", "data.csv": b"1,2"},
-            "holds files no run wrote (data.csv, notes.txt)",
-        ),
-        (
-            {"metrics.jsonl": b"mine", "loss.png": b"mine"},
-            "holds files no run wrote (loss.png, metrics",
-        ),
-        ({"config.json": b'{"mine": true}'}, "holds files no run wrote (config.json)"),  # a user's
-        ({"best.pt": b"weights"}, "holds files no run wrote (best.pt)"),
-        (None, "holds a trained run"),  # its files, without its ckpt.pt
-        ({}, "is in use by another run; wait for it, or pick another --out-dir"),  # {}: locked
-    ],
-)
+# A run folder's files | the start of its refusal. TRAINED: a trained run's files, without its
+# ckpt.pt; none: an empty folder, locked as a first run holds it.
+FOLDERS = """notes.txt data.csv | holds files no run wrote (data.csv, notes.txt)
+metrics.jsonl loss.png | holds files no run wrote (loss.png, metrics
+config.json | holds files no run wrote (config.json)
+best.pt | holds files no run wrote (best.pt)
+TRAINED | holds a trained run
+ | is in use by another run; wait for it, or pick another --out-dir"""
+
+
+@pytest.mark.parametrize("row", FOLDERS.splitlines())
 def test_a_run_folder_of_other_files_or_in_use_is_refused_and_left_as_it_was(
-    tmp_path, data_root, trained, files, refused
+    tmp_path, data_root, trained, row
 ):
+    names, refused = row.split(" | ")
     folder = tmp_path / "run"
     folder.mkdir()
-    for name, data in (contents(trained) if files is None else files).items():
+    mine = dict.fromkeys(names.split(), b'{"mine": true}')  # a user's config.json, not a run's
+    for name, data in (contents(trained) if names == "TRAINED" else mine).items():
         (folder / name).write_bytes(data)
     (folder / "ckpt.pt").unlink(missing_ok=True)
     before = contents(folder)
-    with FileLock(folder / ".lock") if files == {} else nullcontext():  # as a first run holds it
+    with nullcontext() if names else FileLock(folder / ".lock"):  # as a first run holds it
         line = one_error_line(in_process(train.main, *tiny_args(tmp_path, data_root)))
     assert line.startswith(f"error: {folder} {refused}") and contents(folder) == before
 
@@ -225,50 +203,38 @@ def test_run_turns_a_mistake_or_out_of_memory_into_one_line_and_ctrl_c_into_130(
         raise error
 
     monkeypatch.setattr(GPT, "forward", forward)
-    sigpipe = signal.getsignal(signal.SIGPIPE)  # run() sets its default, which pytest must get back
-    try:
-        # in a run, and on another rank, whose line is not printed
-        for rank, main in ("0", lambda: train.main(tiny_args(tmp_path, data_root))), ("1", forward):
-            monkeypatch.setenv("RANK", rank)
-            with pytest.raises(SystemExit if code else RuntimeError) as e:
-                run(main)
-            printed = capsys.readouterr().err
-            assert code is None or e.value.code == code
-            assert "Traceback" not in printed and "error:" not in printed * (err is None)
-            line = f"error: {err}" + str(error).split("\n")[0]
-            assert re.findall("^error.*", printed, re.M) == [line] * (
-                err is not None and rank == "0"
-            )
-    finally:
-        signal.signal(signal.SIGPIPE, sigpipe)
+    # in a run, and on another rank, whose line is not printed
+    for rank, main in ("0", lambda: train.main(tiny_args(tmp_path, data_root))), ("1", forward):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit if code else RuntimeError) as e:
+            run(main)
+        printed = capsys.readouterr().err
+        assert code is None or e.value.code == code
+        assert "Traceback" not in printed
+        line = f"error: {err}{error}".split("\n")[0]  # and the error's first line
+        # the line, and nothing after it
+        assert re.findall(r"^error[\s\S]*", printed, re.M) == [f"{line}\n"] * (
+            err is not None and rank == "0"
+        )
     assert "\ninterrupted\n" in printed or code != 130
 
 
-@pytest.mark.parametrize(
-    "shell, out",  # out: the start of stdout, or of the one error line
-    [
-        (  # SIGPIPE, quietly
-            "python sample.py --out-dir RUN --prompt 'ROMEO\\n' --max-new-tokens 5000 --seed 1 "
-            "--device cpu | head -1; echo status ${PIPESTATUS[0]}",
-            "ROMEO\nstatus 141\n",
-        ),
-        (
-            "PYTHONIOENCODING=ascii python sample.py --out-dir RUN --prompt é☃ --max-new-tokens 40 "
-            "--seed 1 --device cpu",
-            "\\xe9\\u2603",
-        ),
-        ("python sample.py --out-dir RUN --max-new-tokens 5 --seed 1 --device cpu >&-", ""),
-        (
-            "python sample.py --out-dir RUN --prompt - --seed 1 --device cpu <&-",
-            "error: --prompt - reads stdin, which is closed",
-        ),
-        (
-            "WORLD_SIZE=2 python train.py --config tiny --device cpu --out-dir RUN/new",
-            "error: WORLD_SIZE=2 is set",
-        ),
-    ],
-)
-def test_streams_a_terminal_and_a_stray_world_size(shell, out, trained):
+# a shell command => the start of its stdout, or of its one error line: SIGPIPE, quietly (141); a
+# terminal that cannot encode é☃; stdout closed; stdin closed; WORLD_SIZE set without torchrun
+STREAMS = """python sample.py --out-dir RUN --prompt 'ROMEO\\n' --max-new-tokens 5000 --seed 1 \
+--device cpu | head -c 5; echo " status ${PIPESTATUS[0]}" => ROMEO status 141
+PYTHONIOENCODING=ascii python sample.py --out-dir RUN --prompt é☃ --max-new-tokens 40 --seed 1 \
+--device cpu => \\xe9\\u2603
+python sample.py --out-dir RUN --max-new-tokens 5 --seed 1 --device cpu >&- =>
+python sample.py --out-dir RUN --prompt - --seed 1 --device cpu <&- => error: --prompt - reads \
+stdin, which is closed
+WORLD_SIZE=2 python train.py --config tiny --device cpu --out-dir RUN/new => error: WORLD_SIZE=2 \
+is set"""
+
+
+@pytest.mark.parametrize("row", STREAMS.splitlines())
+def test_streams_a_terminal_and_a_stray_world_size(row, trained):
+    shell, out = map(str.strip, row.split("=>"))
     shell = fill(shell, {"python": shlex.quote(sys.executable), "RUN": trained})
     proc = subprocess.run(
         ["bash", "-c", shell], cwd=ROOT, capture_output=True, text=True, timeout=120
@@ -282,10 +248,14 @@ def test_streams_a_terminal_and_a_stray_world_size(shell, out, trained):
 
 
 @pytest.mark.slow
-def test_a_mistake_every_process_finds_is_printed_once_under_torchrun(tmp_path, data_root):
-    argv = tiny_args(tmp_path, data_root, "--tokens-per-step", 100)
-    torchrun = "-m torch.distributed.run --standalone --nproc_per_node=2".split()
-    proc = script(*torchrun, "train.py", *argv, env={**os.environ, "OMP_NUM_THREADS": "1"})
+def test_a_mistake_every_process_finds_is_printed_once_under_torchrun(
+    tmp_path, data_root, monkeypatch
+):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    proc = script(
+        *"-m torch.distributed.run --standalone --nproc_per_node=2 train.py".split(),
+        *tiny_args(tmp_path, data_root, "--tokens-per-step", 100),
+    )
     errors = re.findall("^error: .*", proc.stderr, re.M)
     assert len(errors) == 1 and errors[0].endswith("block_size x processes (256)")
     assert (
@@ -306,11 +276,22 @@ for line in sys.argv[1:]:  # each a command: script and flags
 """
 
 
-def test_both_scripts_start_without_posix_only_modules_and_signals(tmp_path, data_root):
-    trained = " ".join(["train.py", *tiny_args(tmp_path, data_root, "--max-iters", 2)])
-    sampled = f"sample.py --out-dir {tmp_path / 'run'} --max-new-tokens 5"
-    proc = script("-c", AS_ON_WINDOWS, trained, sampled)
-    assert proc.returncode == 0 and (tmp_path / "run" / "ckpt.pt").is_file(), proc.stderr[-2000:]
+def test_both_scripts_start_without_posix_only_modules_and_a_config_files_run_resumes_with_it(
+    tmp_path, data_root
+):
+    (tmp_path / "mine.toml").write_text(
+        f'base = "tiny"\ndata_root = "{data_root}"\nthreads = 1\nsample_tokens = 4\n'
+    )
+    run = f"train.py --config {tmp_path / 'mine.toml'} --out-dir {tmp_path / 'run'} --max-iters"
+    proc = script(
+        "-c",
+        AS_ON_WINDOWS,
+        f"{run} 2",
+        f"{run} 3 --resume --sample-tokens 0",
+        f"sample.py --out-dir {tmp_path / 'run'} --max-new-tokens 5",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "settings changed since the checkpoint: max_iters 2 -> 3, sample_tokens" in proc.stdout
     assert not proc.stdout.endswith("loss.png\n")  # the sample came after train.py's last line
 
 
@@ -318,56 +299,42 @@ def test_both_scripts_start_without_posix_only_modules_and_signals(tmp_path, dat
 def test_a_copied_or_moved_run_folder_resumes_where_it_is_and_writes_nowhere_else(
     tmp_path, trained, how
 ):
-    original = tmp_path / "original"
-    shutil.copytree(trained, original)
-    how(original, tmp_path / "elsewhere")
-    resumed = train.train(
-        parse_args(f"--config {tmp_path / 'elsewhere'} --resume --max-iters 4".split())
-    )
-    assert resumed["step"] == 4 and load_checkpoint(tmp_path / "elsewhere")["state"]["step"] == 4
+    original = shutil.copytree(trained, tmp_path / "original")
+    elsewhere = how(original, tmp_path / "elsewhere")
+    resumed = in_process(train.main, *f"--config {elsewhere} --resume --max-iters 4".split())
+    assert resumed.returncode == 0 and load_checkpoint(elsewhere)["state"]["step"] == 4
     assert sorted(os.listdir(tmp_path)) == ["elsewhere"] + ["original"] * (how is shutil.copytree)
     assert how is shutil.move or contents(original) == contents(trained)
 
 
-DAMAGE = ["empty", "cut short", "another shape", "wrong magic"]
+DAMAGE = "empty,cut short,another shape,wrong magic".split(",")
 
 
-# Each file the project writes and reads back, and each input file, by the command that reads it.
-# RUN is a 2-step run, DATA its dataset's folder, FILE the input file damaged.
-READ_BY = {
-    "ckpt.pt": ("RUN/ckpt.pt", "train.py --out-dir RUN --resume --data-root DATA/.."),
-    "best.pt": ("RUN/best.pt", "sample.py --out-dir RUN --max-new-tokens 2"),
-    "config.json": ("RUN/config.json", "train.py --out-dir RUN --resume"),
-    "manifest.json": ("DATA/manifest.json", "train.py --out-dir RUN --resume --data-root DATA/.."),
-    "train.bin": ("DATA/train.bin", "train.py --out-dir RUN --resume --data-root DATA/.."),
-    "val.bin": ("DATA/val.bin", "train.py --out-dir RUN --resume --data-root DATA/.."),
-    "metrics.jsonl": ("RUN/metrics.jsonl", "train.py --out-dir RUN --resume --max-iters 3"),
-    # an input file: and its bytes, before the damage
-    "a --config file": (
-        "FILE.toml",
-        "train.py --config FILE.toml",
-        b'base = "tiny"\nlr_schedule = "cosine"\n',
-    ),
-    "a --text file": (
-        "FILE.txt",
-        "-m data.prepare --text FILE.txt --out-root DATA/..",
-        MIXED.encode(),
-    ),
-    "a --files file": (
-        "FILE.jsonl",
-        "-m data.prepare --files FILE.jsonl --out-root DATA/..",
-        b"".join(b'{"text": "%d a line"}\n' % i for i in range(50)),
-    ),
-    "a --hellaswag file": (
-        "FILE.jsonl",
-        "train.py --config RUN --eval-only --hellaswag FILE.jsonl",
-        b'{"ctx": "a b", "endings": ["a", "b", "c", "d"], "label": 1}\n',
-    ),
+# Each file the project writes and reads back, and each input file | its path | the damage that
+# leaves it valid | what reads it. RUN is a 2-step run, DATA its dataset's folder, FILE the input
+# file damaged. Text of any length or shape is text; metrics.jsonl is a log: a resume drops its
+# damaged lines, as those a kill cut short.
+READ_BY = """ckpt.pt | RUN/ckpt.pt | none | train.py --out-dir RUN --resume --data-root DATA/..
+best.pt | RUN/best.pt | none | sample.py --out-dir RUN --max-new-tokens 2
+config.json | RUN/config.json | none | train.py --out-dir RUN --resume
+manifest.json | DATA/manifest.json | none | train.py --out-dir RUN --resume --data-root DATA/..
+train.bin | DATA/train.bin | none | train.py --out-dir RUN --resume --data-root DATA/..
+val.bin | DATA/val.bin | none | train.py --out-dir RUN --resume --data-root DATA/..
+metrics.jsonl | RUN/metrics.jsonl | empty, cut short, another shape, wrong magic | train.py \
+--out-dir RUN --resume --max-iters 3
+a --config file | FILE.toml | none | train.py --config FILE.toml
+a --text file | FILE.txt | cut short, another shape | -m data.prepare --text FILE.txt \
+--out-root DATA/..
+a --files file | FILE.jsonl | none | -m data.prepare --files FILE.jsonl --out-root DATA/..
+a --hellaswag file | FILE.jsonl | none | train.py --config RUN --eval-only --hellaswag FILE.jsonl"""
+READ_BY = {kind: read for kind, *read in (row.split(" | ") for row in READ_BY.splitlines())}
+INPUTS = {  # the input files' bytes, before the damage
+    "a --config file": b'base = "tiny"\nlr_schedule = "cosine"\n',
+    "a --text file": MIXED.encode(),
+    "a --files file": b"".join(b'{"text": "%d a line"}\n' % i for i in range(50)),
+    "a --hellaswag file": b'{"ctx": "a b", "endings": ["a", "b", "c", "d"], "label": 1}\n',
 }
-# Damage that leaves a file valid: a TOML file may be empty, and text of any length or shape is
-# text. metrics.jsonl is a log: a resume drops its damaged lines, as those a kill cut short.
-VALID = {("a --text file", "another shape"), ("a --text file", "cut short")}
-VALID |= {("metrics.jsonl", how) for how in DAMAGE}
+# an empty TOML file is valid too: all the defaults, a run of minutes
 CASES = [
     (kind, how) for kind in READ_BY for how in DAMAGE if (kind, how) != ("a --config file", "empty")
 ]
@@ -376,44 +343,30 @@ CASES = [
 @pytest.mark.parametrize("kind, how", CASES)
 def test_a_damaged_file_is_one_line_naming_it(tmp_path, trained, root, kind, how):
     """Every file the project writes and reads back, and every input file: one line naming it."""
-    shutil.copytree(trained, tmp_path / "run")
-    shutil.copytree(root / "mixed", tmp_path / "data/mixed")
-    where = {"RUN": tmp_path / "run", "DATA": tmp_path / "data/mixed", "FILE": tmp_path / "FILE"}
-    file, line, *data = READ_BY[kind]
+    where = {
+        "RUN": shutil.copytree(trained, tmp_path / "run"),
+        "DATA": shutil.copytree(root / "mixed", tmp_path / "data/mixed"),
+        "FILE": tmp_path / "FILE",
+    }
+    file, valid, line = READ_BY[kind]
     path = Path(fill(file, where))
-    data = data[0] if data else path.read_bytes()
+    data = INPUTS.get(kind) or path.read_bytes()
     if how == "another shape" and kind.endswith(".pt"):  # a layer more than its weights hold
         checkpoint = torch.load(path, weights_only=True)
         checkpoint["model_config"]["n_layer"] += 1
         torch.save(checkpoint, path)
     else:  # emptied, cut short, valid JSON of another shape, or another file's magic (gzip's)
         shape = {"config.json": b'{"max_iters": "80"}', "a --files file": b'{"text": ["a list"]}\n'}
-        damaged = [b"", data[: len(data) // 2], shape.get(kind, b'[{"step": "one"}, 2]\n')]
-        path.write_bytes((damaged + [b"\x1f\x8b\x08\x00" + data[4:]])[DAMAGE.index(how)])
+        damaged = [
+            b"",
+            data[: len(data) // 2],
+            shape.get(kind, b'[{"step": "one"}, 2]\n'),
+            b"\x1f\x8b\x08\x00" + data[4:],
+        ]
+        path.write_bytes(damaged[DAMAGE.index(how)])
     proc = launch(line, where)
-    if (kind, how) in VALID:
+    if how in valid:
         assert proc.returncode == 0, proc.stderr[-2000:]
     else:
         line = one_error_line(proc)
         assert path.name in line and ("--config" in kind or "--config" not in line)
-
-
-def test_a_run_of_a_config_file_resumes_with_it_and_says_what_changed(tmp_path, data_root):
-    (tmp_path / "mine.toml").write_text(f'base = "tiny"\ndata_root = "{data_root}"\n')
-    argv = ["--config", tmp_path / "mine.toml", "--out-dir", tmp_path / "run", "--max-iters"]
-    assert in_process(train.main, *argv, 2).returncode == 0
-    proc = in_process(train.main, *argv, 3, "--resume", "--sample-tokens", 0)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "settings changed since the checkpoint: max_iters 2 -> 3, sample_tokens" in proc.stdout
-
-
-def test_a_folder_of_texts_reads_each_file_once_and_only_files(tmp_path):
-    corpus = tmp_path / "corpus"
-    (corpus / "x.txt").mkdir(parents=True)  # a folder, named as a text
-    (corpus / "a.txt").write_text(SHAKESPEARE[:2000])
-    (corpus / "gone.txt").symlink_to(tmp_path / "nowhere.txt")
-    (corpus / "up").symlink_to(corpus)  # a loop
-    manifest = read_manifest(
-        prepare(text=str(corpus), tokenizer="char", root=str(tmp_path / "out"), quiet=True)
-    )
-    assert manifest["train_tokens"] + manifest["val_tokens"] == 2002  # the text and "\n\n"

@@ -5,6 +5,8 @@ context fits block_size. Past it, generate's cache restarts from the last half o
 (its docstring), which `reference_generate(..., restart=True)` spells out with fresh forwards.
 """
 
+import ast
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -56,11 +58,16 @@ def run(model, idx, n, *sampling, seed=0, **kw):
     return out
 
 
+def tuples(text):
+    """The tuples of a text of them written without their parentheses, ";" between them."""
+    return [ast.literal_eval(f"({t},)") for t in text.split("; ")]
+
+
 # greedy, sampled, top_k and top_p: temperature, top_k, top_p
-@pytest.mark.parametrize("sampling", [(0,), (1.0,), (0.8, 10, 0.9)])
+@pytest.mark.parametrize("sampling", tuples("0; 1.0; 0.8, 10, 0.9"))
 @pytest.mark.parametrize("pos_emb", ["learned", "rope"])
 @pytest.mark.parametrize(
-    "block, T", [(BLOCK, 4), (BLOCK, 1), (BLOCK, 21), (3, 2), (2, 2), (1, 1)]
+    "block, T", tuples(f"{BLOCK}, 4; {BLOCK}, 1; {BLOCK}, 21; 3, 2; 2, 2; 1, 1")
 )  # a prompt of one token, one longer than block_size; odd, even and one-token windows
 def test_generate_is_the_uncached_loop_while_the_context_fits_then_a_fresh_window(
     sampling, pos_emb, block, T
@@ -78,8 +85,7 @@ def test_generate_is_the_uncached_loop_while_the_context_fits_then_a_fresh_windo
 
 def test_generate_is_a_function_of_model_prompt_and_seed_and_never_draws_the_padding():
     model, idx, outs = tiny_model(vocab=48), prompts(3, 5), []  # 37 tokens, 11 rows of padding
-    with torch.no_grad():  # the padding the likeliest tokens by far
-        model.lm_head.weight[V:] = model.transformer.ln_f.weight.sign() * 3
+    model.lm_head.weight.data[V:] = model.transformer.ln_f.weight.sign() * 3  # likeliest by far
     assert (run(model, idx, 2 * BLOCK) >= V).sum() > 48  # half of 3 x 32
 
     def draw(n, rows=idx, **kw):
@@ -102,62 +108,54 @@ def test_generate_is_a_function_of_model_prompt_and_seed_and_never_draws_the_pad
         assert all(m.training is training for m in model.modules())
 
 
-@pytest.mark.parametrize(
-    "case",  # the tokens that may be drawn; temperature, top_k, top_p
-    [
-        ("01234", 1.0),
-        ("01234", 0.5),
-        ("01234", 2.0),
-        ("013", 1.0, 3),
-        ("01234", 1.0, 99),
-        ("13", 1.0, None, 0.7),  # 0.46 + 0.28 reach it
-        ("0123", 1.0, None, 0.97),
-        ("01234", 1.0, None, 1.0),
-        ("1", 1.0, None, 0.0),  # the likeliest always stays
-        ("13", 0.5, None, 0.85),  # top_p after the temperature: 0.66 + 0.24
-        ("13", 1.0, 2, 0.97),
-        ("13", 1.0, 3, 0.7),
-    ],
-)
-def test_draws_follow_the_softmax_over_temperature_of_the_top_k_and_top_p(case):
-    kept, *sampling = case
+# the tokens that may be drawn | temperature, top_k, top_p. At temperature 1 the probabilities are
+# 0.17, 0.46, 0.06, 0.28, 0.02: top_p 0.7 is reached by 0.46 + 0.28; top_p 0 keeps the likeliest;
+# at temperature 0.5, top_p 0.85 is reached by 0.66 + 0.24 (top_p after the temperature).
+DRAWS = """01234 | 1.0
+01234 | 0.5
+01234 | 2.0
+013 | 1.0, 3
+01234 | 1.0, 99
+13 | 1.0, None, 0.7
+0123 | 1.0, None, 0.97
+01234 | 1.0, None, 1.0
+1 | 1.0, None, 0.0
+13 | 0.5, None, 0.85
+13 | 1.0, 2, 0.97
+13 | 1.0, 3, 0.7"""
+
+
+@pytest.mark.parametrize("row", DRAWS.splitlines())
+def test_draws_follow_the_softmax_over_temperature_of_the_top_k_and_top_p(row):
+    kept, sampling = row.split(" | ")
+    [sampling] = tuples(sampling)
     probs = (LOGITS / sampling[0]).softmax(-1) * torch.tensor([c in kept for c in "01234"])
     g, same = gen(), gen()
     for _ in range(2):  # the uniforms multinomial takes, but where rounding moves a boundary
         draws = sample_next(LOGITS.half().repeat(20000, 1), *sampling, generator=g)  # in float32
         assert (draws != probs.repeat(20000, 1).multinomial(1, generator=same)[:, 0]).sum() < 20
     assert set(map(str, draws.tolist())) == set(kept) and draws.dtype == torch.long
-    freq = torch.bincount(draws, minlength=5) / 20000  # atol: 5 standard errors at p = 0.5
-    assert_close(freq, probs / probs.sum(), atol=0.02, rtol=0)
+    # the frequencies; atol: 5 standard errors at p = 0.5
+    assert_close(torch.bincount(draws, minlength=5) / 20000, probs / probs.sum(), atol=0.02, rtol=0)
 
 
 def test_top_p_reached_exactly_leaves_out_the_next_token_and_top_k_takes_each_rows_own():
-    rows = LOGITS.repeat(4000, 1)
     probs = (LOGITS - 2.0).sort(descending=True).values.softmax(-1)  # as sample_next rounds
     top_p = (probs.cumsum(-1) - probs)[2].item()  # the two likeliest reach it exactly
-    for p, kept in (top_p, {1, 3}), (top_p * (1 + 1e-6), {1, 3, 0}):  # temperature 1.0, as below
-        assert set(sample_next(rows, top_p=p, generator=gen()).tolist()) == kept
-    assert torch.equal(
-        sample_next(rows, generator=gen(5)), sample_next(rows, 1.0, generator=gen(5))
-    )
+    # At the default temperature, which must be 1.0: any other moves the sums off the boundary.
+    for p, kept in (top_p, {1, 3}), (top_p * (1 + 1e-6), {1, 3, 0}):
+        assert set(sample_next(LOGITS.repeat(4000, 1), top_p=p, generator=gen()).tolist()) == kept
     rows = torch.randn(300, V, generator=gen(1))  # each row its own k likeliest
-    picks = sample_next(rows, top_k=4, generator=gen())
-    assert (picks[:, None] == rows.topk(4).indices).any(-1).all()
+    picks = sample_next(rows, top_k=4, generator=gen())[:, None]
+    assert (picks == rows.topk(4).indices).any(-1).all()
 
 
-@pytest.mark.parametrize(
-    "sampling",  # temperature, top_k, top_p
-    [
-        (0,),
-        (0, 1, 0.5),
-        (1e-300,),
-        (1e-40,),
-        (1e-300, 5, 1e-300),
-        (0.8, None, 1e-300),
-        (0.8, None, 1e-6),
-        (0.8, None, 0.0),
-        (1e-300, 1),
-    ],
+@pytest.mark.parametrize(  # temperature, top_k, top_p
+    "sampling",
+    tuples(
+        "0; 0, 1, 0.5; 1e-300; 1e-40; 1e-300, 5, 1e-300; 0.8, None, 1e-300; 0.8, None, 1e-6; "
+        "0.8, None, 0.0; 1e-300, 1"
+    ),
 )
 def test_temperature_0_or_a_tiny_temperature_or_top_p_gives_the_argmax_and_no_nan(sampling):
     logits = torch.randn(64, V, generator=gen()) * 3
@@ -181,7 +179,6 @@ def test_compiled_decoding_draws_the_same_tokens_as_eager():
 
 @pytest.mark.cuda
 def test_on_cuda_generate_decodes_the_cpus_greedy_tokens():
-    model = tiny_model()
-    idx = prompts()
+    model, idx = tiny_model(), prompts()
     cpu = run(model, idx, 3 * BLOCK, temperature=0)
     assert torch.equal(run(model.cuda(), idx.cuda(), 3 * BLOCK, temperature=0).cpu(), cpu)

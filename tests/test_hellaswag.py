@@ -32,79 +32,67 @@ LINE = (
 ITEM = json.loads(LINE)
 
 
-def write_items(path, items):
-    path.write_text("".join(json.dumps(item) + "\n" for item in items))
-    return str(path)
-
-
 def score(model, path):
     return hellaswag.score(model, hellaswag.load_items(path, TOK), CPU, 4, 65)
 
 
+# Five items of the shakespeare characters: four alike, labelled 0 to 3, so that one of them is
+# right whatever the model; and one with a context longer than the block, its left cut.
+CHAR_ITEMS = """\
+{"ctx": "ROMEO: I will", "endings": ["go.", "stay here.", "love thee.", "speak."], "label": 0}
+{"ctx": "ROMEO: I will", "endings": ["go.", "stay here.", "love thee.", "speak."], "label": 1}
+{"ctx": "ROMEO: I will", "endings": ["go.", "stay here.", "love thee.", "speak."], "label": 2}
+{"ctx": "ROMEO: I will", "endings": ["go.", "stay here.", "love thee.", "speak."], "label": 3}
+{"ctx": "JULIET: JULIET: JULIET: JULIET: JULIET: O", \
+"endings": ["go.", "stay here.", "love thee.", "speak."], "label": 0}
+"""
+
+
 def char_items(tmp_path, copies=1):
-    """Five items of the shakespeare characters: four alike, labelled 0 to 3, so that one of them
-    is right whatever the model; and one with a context longer than the block, its left cut."""
-    ends = ["go.", "stay here.", "love thee.", "speak."]
-    ctxs = ["ROMEO: I will"] * 4 + ["JULIET: " * 5 + "O"]
-    items = [{"ctx": ctx, "endings": ends, "label": k % 4} for k, ctx in enumerate(ctxs)]
-    return write_items(tmp_path / "items.jsonl", items * copies)
+    """A file of CHAR_ITEMS, copies times over."""
+    (path := tmp_path / "items.jsonl").write_text(CHAR_ITEMS * copies)
+    return str(path)
 
 
 def test_load_items_reads_each_line_afresh_its_endings_after_a_space(tmp_path, monkeypatch):
     """~ is the home folder; a file rewritten with its size and mtime (cp -p, rsync -t, tar x)
     is read anew."""
     monkeypatch.setenv("HOME", str(tmp_path))
-    write_items(tmp_path / "x.jsonl", [ITEM, ITEM | {"label": "1"}])  # a label of text too
+    path = tmp_path / "x.jsonl"
+    labelled = lambda labels: path.write_text(
+        "".join(json.dumps(ITEM | {"label": k}) + "\n" for k in labels)
+    )
+    labelled([3, "1"])  # a label of text too
     for tok in TOK, BPE:
         item = tok.encode(ITEM["ctx"]), [tok.encode(" " + end) for end in ITEM["endings"]]
         assert hellaswag.load_items("~/x.jsonl", tok) == [(*item, 3), (*item, 1)]
     for labels in [0, 1, 2, 3], [3, 2, 1, 0]:
-        path = write_items(tmp_path / "x.jsonl", [ITEM | {"label": k} for k in labels])
+        labelled(labels)
         os.utime(path, ns=(0, 0))  # the same size and mtime each time
         assert [label for *_, label in hellaswag.load_items(path, TOK)] == labels
 
 
-@pytest.mark.parametrize(
-    "line, says",
-    [
-        ("{not json", "not a HellaSwag item (Expecting property name enclosed in double quotes"),
-        ('{"endings": ["a", "b", "c", "d"], "label": 0}', "not a HellaSwag item ('ctx')"),
-        (
-            '{"ctx": "A", "endings": ["a", "b", "c", "d"], "label": "x"}',
-            "not a HellaSwag item (invalid literal for int()",
-        ),
-        (
-            '{"ctx": "A", "endings": ["a", "b", "c", "d"], "label": null}',
-            "not a HellaSwag item (invalid literal for int()",
-        ),
-        (
-            '{"ctx": "A", "endings": ["a", "b", "c", "d"], "label": 1.7}',
-            "not a HellaSwag item (invalid literal for int()",
-        ),
-        (
-            '{"ctx": "Señor", "endings": ["a", "b", "c", "d"], "label": 0}',
-            "not a HellaSwag item ('ñ': not in this model's",
-        ),
-        ("", "not a HellaSwag item (Expecting value: line 1 column 1 (char 0))"),
-        (
-            '{"ctx": "A", "endings": ["a", "b", "c"], "label": 0}',
-            "a HellaSwag item has four endings",
-        ),
-        (
-            '{"ctx": "A", "endings": ["a", "b", "c", "d", "e"], "label": 0}',
-            "a HellaSwag item has four endings",
-        ),
-        (
-            '{"ctx": "A", "endings": ["a", "b", "c", "d"], "label": 4}',
-            "four endings and a label from 0 to 3",
-        ),
-        (
-            '{"ctx": "A", "endings": ["a", "b", "c", "d"], "label": -1}',
-            "four endings and a label from 0 to 3",
-        ),
-    ],
-)
-def test_a_bad_line_is_one_line_naming_its_number(tmp_path, line, says):
+# line 3 of a file | what its one line says past "line 3: "; an empty line 3 too
+BAD = """{not json | not a HellaSwag item (Expecting property name enclosed in double quotes
+{"endings": ["a", "b", "c", "d"], "label": 0} | not a HellaSwag item ('ctx')
+{"ctx": "A", "endings": ["a", "b", "c", "d"], "label": "x"} | \
+not a HellaSwag item (invalid literal for int()
+{"ctx": "A", "endings": ["a", "b", "c", "d"], "label": null} | \
+not a HellaSwag item (invalid literal for int()
+{"ctx": "A", "endings": ["a", "b", "c", "d"], "label": 1.7} | \
+not a HellaSwag item (invalid literal for int()
+{"ctx": "Señor", "endings": ["a", "b", "c", "d"], "label": 0} | \
+not a HellaSwag item ('ñ': not in this model's
+ | not a HellaSwag item (Expecting value: line 1 column 1 (char 0))
+{"ctx": "A", "endings": ["a", "b", "c"], "label": 0} | a HellaSwag item has four endings
+{"ctx": "A", "endings": ["a", "b", "c", "d", "e"], "label": 0} | a HellaSwag item has four endings
+{"ctx": "A", "endings": ["a", "b", "c", "d"], "label": 4} | four endings and a label from 0 to 3
+{"ctx": "A", "endings": ["a", "b", "c", "d"], "label": -1} | four endings and a label from 0 to 3"""
+
+
+@pytest.mark.parametrize("row", BAD.splitlines())
+def test_a_bad_line_is_one_line_naming_its_number(tmp_path, row):
+    line, says = row.split(" | ")
     (path := tmp_path / "x.jsonl").write_text(f"{LINE}\n{LINE}\n{line}\n")
     with pytest.raises(UserError, match=f"^--hellaswag {path}, line 3: .*{re.escape(says)}.*\\Z"):
         hellaswag.load_items(path, TOK)
@@ -171,13 +159,13 @@ def test_training_scores_at_each_eval_or_interval_and_the_end_and_eval_only_once
 ):
     path, load, reads = char_items(tmp_path), hellaswag.load_items, []
     monkeypatch.setattr(hellaswag, "load_items", lambda *a: reads.append(a[0]) or load(*a))
-    cfg = tiny(tmp_path, data_root, max_iters=5, eval_interval=2, hellaswag=path, threads=1)
+    cfg = tiny(tmp_path, data_root, max_iters=5, eval_interval=2, hellaswag=path)
     train.train(cfg)  # scores at each eval: 2, 4 and the end, 5
     assert re.search(r"step 2: val_loss .*, hellaswag_items 5 \(best\)\n", capsys.readouterr().out)
     train.train(replace(cfg, max_iters=10, hellaswag_interval=4, resume=True))  # at 8 and 10
     assert reads == [path] * 7  # at each start (its size), and afresh at each score
     records = [json.loads(line) for line in open(tmp_path / "run/metrics.jsonl")]
-    keys = ["hellaswag_acc", "hellaswag_acc_norm", "hellaswag_items"]
+    keys = "hellaswag_acc hellaswag_acc_norm hellaswag_items".split()
     scored = [  # at evals, and nowhere else
         (r["step"], [k for k in r if "hellaswag" in k])
         for r in records
@@ -207,7 +195,7 @@ def test_with_max_time_the_final_eval_scores_too_and_the_run_ends_in_time(
     """Scoring the items takes as long as 80 steps: the estimate of the final eval must count them,
     else the run ends late (on the test's clock: the same on a busy machine)."""
     items = char_items(tmp_path, 100)
-    kw = dict(max_iters=10**6, eval_interval=10**6, max_time=10.0, threads=1, hellaswag=items)
+    kw = dict(max_iters=10**6, eval_interval=10**6, max_time=10.0, hellaswag=items)
     result = train.train(tiny(tmp_path, data_root, **kw))
     assert clock[0] <= 10 and result["step"] > 50
     assert "hellaswag_acc" in result and result["stop_signal"] == 0
@@ -215,7 +203,7 @@ def test_with_max_time_the_final_eval_scores_too_and_the_run_ends_in_time(
 
 TRAIN = """import json, os, sys, train
 result = train.train(train.parse_args(sys.argv[1:]))
-with open(os.environ["OUT"] + os.environ["RANK"], "w") as f:  # a file each: prints interleave
+with open(f"{__file__}.{os.environ['RANK']}", "w") as f:  # main.py.0 and .1: prints interleave
     json.dump(result, f)
 """
 
@@ -236,10 +224,10 @@ def test_under_torchrun_the_ranks_share_the_scoring_and_each_has_the_counts_of_o
         *"-m torch.distributed.run --standalone --nproc-per-node 2".split(),
         tmp_path / "main.py",
         *tiny_args(tmp_path, data_root, *flags, "--hellaswag", char_items(tmp_path, copies)),
-        env={**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path / "rank")},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     want = score(model_from(load_checkpoint(tmp_path / "run")), char_items(tmp_path))
     for rank in "01":
-        result = json.loads((tmp_path / f"rank{rank}").read_text())
+        result = json.loads((tmp_path / f"main.py.{rank}").read_text())
         assert result.items() >= (want | {"hellaswag_items": 5 * copies}).items()

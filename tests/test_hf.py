@@ -5,6 +5,7 @@ greedy text, the same loss.
 """
 
 import json
+import re
 import runpy
 import sys
 
@@ -15,7 +16,7 @@ from conftest import hf_tiny, in_process, one_error_line, tiny
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from test_config import refused  # the one line of a UserError
-from test_sample import CHAR, sample_py, saved  # sample.py's output; a checkpoint of random weights
+from test_sample import CHAR, char_run, sample_py, saved  # noqa: F401  # char_run: the fixture run
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import sample
@@ -32,12 +33,6 @@ EXPORTED = (
 )
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A run folder of a char model (test_sample's manifest): its best.pt."""
-    return saved(tmp_path_factory.mktemp("run") / "best.pt").parent
-
-
 def assert_same_logits(ours, hf):
     torch.manual_seed(0)
     x = torch.randint(hf.config.vocab_size, (2, ours.config.block_size))
@@ -50,16 +45,14 @@ def assert_same_logits(ours, hf):
         )
 
 
-@pytest.mark.parametrize(
-    "case", ["tied", "untied", "bin", "bare keys", "bare config", "gelu", "hub"]
-)
+@pytest.mark.parametrize("case", "tied untied bin bare-keys bare-config gelu hub".split())
 def test_load_gpt2_of_a_folder_or_a_cached_hub_id_gives_transformers_logits(
     case, tmp_path, hub_cache, network_calls
 ):
     tie = case != "untied"
     hf = hf_tiny(tie, activation_function="gelu" if case == "gelu" else "gelu_new")  # gelu: exact
     bare = '{"vocab_size": 37, "n_layer": 2, "n_head": 2, "n_embd": 16}'  # no positions, tying
-    if case == "bare config":  # a config.json without n_positions or tying: GPT-2's
+    if case == "bare-config":  # a config.json without n_positions or tying: GPT-2's
         hf = GPT2LMHeadModel(GPT2Config(**json.loads(bare)))
     hf.save_pretrained(tmp_path)
     hub_cache("tiny-org/tiny-gpt2", hf)
@@ -68,14 +61,14 @@ def test_load_gpt2_of_a_folder_or_a_cached_hub_id_gives_transformers_logits(
     if case == "bin":  # what older transformers wrote
         (tmp_path / "model.safetensors").unlink()
         torch.save(state, tmp_path / "pytorch_model.bin")
-    if case == "bare keys":  # as the hub's gpt2 has them: no "transformer.", old mask buffers
+    if case == "bare-keys":  # as the hub's gpt2 has them: no "transformer.", old mask buffers
         state = {k.removeprefix("transformer."): v for k, v in state.items()}
         state |= {"h.0.attn.bias": torch.ones(1, 1, 24, 24), "h.1.attn.masked_bias": torch.ones(())}
         save_file(state, tmp_path / "model.safetensors")
-    if case == "bare config":
+    if case == "bare-config":
         (tmp_path / "config.json").write_text(bare)
     ours, manifest = load_gpt2("tiny-org/tiny-gpt2" if case == "hub" else tmp_path, 0.25)
-    assert manifest == GPT2_MANIFEST == {"tokenizer": "gpt2", "vocab_size": 50257, "chars": None}
+    assert manifest == GPT2_MANIFEST  # GPT-2's tokenizer: the (50257) below, and the export's text
     assert ours.config == GPTConfig(  # n_positions: 1024 for the bare config
         37,
         hf.config.n_positions,
@@ -95,55 +88,43 @@ def test_load_gpt2_of_a_folder_or_a_cached_hub_id_gives_transformers_logits(
         "train one with --vocab-size 50257 or more"
     )
     if case == "hub":  # an id the cache lacks, offline: one line naming hf download
-        message = refused("tiny-org/absent", load_gpt2)
+        assert re.fullmatch(
+            "--init-from tiny-org/absent: no such folder, and the hub did not .*; where there is "
+            r"internet, `hf download tiny-org/absent --include '\*\.json' --include "
+            r"'\*\.safetensors' --local-dir models/tiny-org/absent`, then --init-from "
+            "models/tiny-org/absent",
+            refused("tiny-org/absent", load_gpt2),
+        )
         assert network_calls  # the hub was asked, and refused
-        assert message.startswith(
-            "--init-from tiny-org/absent: no such folder, and the hub did not "
-        )
-        assert message.endswith(
-            "; where there is internet, `hf download tiny-org/absent --include '*.json' --include "
-            "'*.safetensors' --local-dir models/tiny-org/absent`, then --init-from "
-            "models/tiny-org/absent"
-        )
 
 
 SHAPE = '"vocab_size": 37, "n_positions": 24, "n_layer": 2, "n_head": 2'
+# a file of a GPT-2 folder | its change: "-" removes it, text replaces it, -KEY or +KEY leaves
+# out or adds a weight | what the one line says in its parentheses
+BROKEN = f"""model.safetensors | - | pytorch_model.bin
+model.safetensors | not safetensors | (SafetensorError:
+model.safetensors | -transformer.h.1.mlp.c_fc.weight | \
+Missing key(s) in state_dict: "transformer.h.1.mlp.c_fc.weight"
+model.safetensors | +transformer.h.0.attn.q_norm.weight | \
+Unexpected key(s) in state_dict: "transformer.h.0.attn.q_norm.weight"
+config.json | - | (FileNotFoundError:
+config.json | {{{SHAPE} | (JSONDecodeError:
+config.json | {{{SHAPE}, "n_embd": 32}} | (RuntimeError: Error(s) in loading
+config.json | {{{SHAPE}, "n_embd": 16, "activation_function": "relu"}} | (KeyError: 'relu')"""
 
 
-@pytest.mark.parametrize(  # change: None, the file removed; text, the file's; a dict, merged in
-    "file, change, says",
-    [
-        ("config.json", None, "(FileNotFoundError: "),
-        ("config.json", "{" + SHAPE, "(JSONDecodeError: "),
-        ("config.json", f'{{{SHAPE}, "n_embd": 32}}', "(RuntimeError: Error(s) in loading "),
-        (
-            "config.json",
-            f'{{{SHAPE}, "n_embd": 16, "activation_function": "relu"}}',
-            "(KeyError: 'relu')",
-        ),
-        ("model.safetensors", None, "pytorch_model.bin"),
-        ("model.safetensors", "not safetensors", "(SafetensorError: "),
-        (
-            "model.safetensors",
-            {"transformer.h.1.mlp.c_fc.weight": None},
-            'Missing key(s) in state_dict: "transformer.h.1.mlp.c_fc.weight"',
-        ),
-        (
-            "model.safetensors",
-            {"transformer.h.0.attn.q_norm.weight": torch.ones(8)},
-            'Unexpected key(s) in state_dict: "transformer.h.0.attn.q_norm.weight"',
-        ),
-    ],
-)
-def test_a_folder_that_is_not_gpt2_is_one_line(tmp_path, file, change, says):
+@pytest.mark.parametrize("row", BROKEN.splitlines())
+def test_a_folder_that_is_not_gpt2_is_one_line(tmp_path, row):
+    file, change, says = row.split(" | ")
     hf_tiny().save_pretrained(tmp_path)
     path = tmp_path / file
-    if change is None:
+    if change == "-":
         path.unlink()
-    elif isinstance(change, str):
+    elif change[0] in "-+":
+        state = load_file(path) | {change[1:]: torch.ones(8)}
+        save_file({k: v for k, v in state.items() if change != "-" + k}, path)
+    else:
         path.write_text(change)
-    else:  # a weight None: left out
-        save_file({k: v for k, v in (load_file(path) | change).items() if v is not None}, path)
     message = refused(tmp_path, load_gpt2)
     assert (
         message.startswith(f"{tmp_path} is not a Hugging Face GPT-2 folder (") and says in message
@@ -152,7 +133,7 @@ def test_a_folder_that_is_not_gpt2_is_one_line(tmp_path, file, change, says):
 
 @pytest.mark.parametrize("kind", ["char", "gpt2", "padded"])  # padded: 80 rows, 65 ids; untied
 def test_an_export_loads_in_transformers_with_our_logits_tokens_and_text(
-    kind, tmp_path, capsys, network_calls
+    kind, tmp_path, network_calls
 ):
     manifest = GPT2_MANIFEST if kind == "gpt2" else CHAR
     padded = kind == "padded"
@@ -160,8 +141,7 @@ def test_an_export_loads_in_transformers_with_our_logits_tokens_and_text(
         tmp_path / "run.pt", manifest, **dict(vocab_size=80, tie_weights=False) if padded else {}
     )
     (out := tmp_path / "hf").mkdir()  # an empty folder is as good as a new one
-    main(f"export {run} {out}".split())
-    assert capsys.readouterr().out == (
+    assert in_process(main, "export", run, out).stdout == (
         f"wrote {out}: {', '.join(EXPORTED)}\n"
         f"load it with transformers: AutoModelForCausalLM.from_pretrained('{out}'), "
         f"AutoTokenizer.from_pretrained('{out}')\n"
@@ -169,9 +149,8 @@ def test_an_export_loads_in_transformers_with_our_logits_tokens_and_text(
     assert json.loads((out / "manifest.json").read_text()) == manifest
     vocab, eot = manifest["vocab_size"], 50256 if kind == "gpt2" else None
     # what transformers and the hub read: the shape, GPT-2's tanh GELU, no dropout, end-of-text
-    fields = dict(
-        vocab_size=vocab, tie_word_embeddings=not padded, bos_token_id=eot, eos_token_id=eot
-    ) | json.loads(
+    # (the vocabulary, the tying, the shape: from_pretrained and the logits below hold them)
+    fields = {"bos_token_id": eot, "eos_token_id": eot} | json.loads(
         '{"architectures": ["GPT2LMHeadModel"], "activation_function": "gelu_new", "n_layer": 2, '
         '"n_positions": 32, "resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0}'
     )
@@ -205,21 +184,24 @@ def test_an_export_loads_in_transformers_with_our_logits_tokens_and_text(
     assert len(set(greedy[ids.size(1) :].tolist())) > 4  # varied text, or equality proves little
     expected = tok.decode(greedy, skip_special_tokens=True)
     for weights in f"--out-dir {run}", f"--init-from {out}":  # and back: the export samples alike
-        text = sample_py(capsys, weights + " --prompt ROMEO: --temperature 0 --max-new-tokens 16")
+        text = sample_py(weights + " --prompt ROMEO: --temperature 0 --max-new-tokens 16")
         assert text == expected + "\n" * (not expected.endswith("\n"))
     assert network_calls == []
 
 
 def test_an_export_of_other_shape_or_over_other_files_is_refused_and_replaces_one_whole(
-    run, tmp_path, capsys, monkeypatch
+    run, tmp_path, monkeypatch
 ):
+    files = lambda *folders: {  # each file and folder under them, by its path in its folder
+        str(p.relative_to(f)): p.is_file() and p.read_bytes() for f in folders for p in f.rglob("*")
+    }
     for shape in {"pos_emb": "rope"}, {"activation": "gelu_exact"}, {"bias": False}:
         bad = saved(tmp_path / "run.pt", **shape)
         assert (message := refused(bad, lambda bad: export(bad, tmp_path / "hf"))) == (
             f"{bad} lacks GPT-2's learned positions, tanh GELU or biases; train with "
             "--pos-emb learned --activation gelu --bias for a run that exports"
         )
-        assert [p.name for p in tmp_path.iterdir()] == ["run.pt"]  # nothing written
+        assert [*files(tmp_path)] == ["run.pt"]  # nothing written
     # as a user runs python -m model.hf: one line
     monkeypatch.setattr(sys, "argv", f"model/hf.py export {bad} {tmp_path / 'hf'}".split())
     monkeypatch.delitem(sys.modules, "model.hf")  # run afresh as __main__
@@ -228,21 +210,15 @@ def test_an_export_of_other_shape_or_over_other_files_is_refused_and_replaces_on
 
     out = export(saved(tmp_path / "gpt2.pt", GPT2_MANIFEST), tmp_path / "hf")
     assert export(run, out) == out  # an earlier export: replaced whole
-    files = lambda folder: {p.name: p.read_bytes() for p in folder.iterdir()}
     assert files(out) == files(export(run, tmp_path / "fresh")) and sorted(files(out)) == EXPORTED
     (out / "README.md").write_text("a card the user wrote beside an export: not the export's")
-    tree = lambda: [
-        (p, p.is_file() and p.read_bytes()) for p in [*tmp_path.rglob("*"), *run.iterdir()]
-    ]
-    before = tree()
+    before = files(tmp_path, run)
     for target in out, tmp_path, run, bad:  # bad: a file; tmp_path, run: folders of other files
         assert refused(target, lambda target: export(run, target)) == (
             f"{target} holds something else than an export; export into a new folder"
         )
-    assert tree() == before  # as they were, and no temporary folder left
-    with pytest.raises(SystemExit):
-        main(["--help"])
-    assert capsys.readouterr().out.startswith("usage: python -m model.hf [-h] {export}")
+    assert files(tmp_path, run) == before  # as they were, and no temporary folder left
+    assert in_process(main, "--help").stdout.startswith("usage: python -m model.hf [-h] {export}")
     assert "invalid choice: 'import'" in refused(f"import {run} {out}".split(), main)
 
 
@@ -256,7 +232,7 @@ def test_init_from_an_export_trains_on_and_eval_only_equals_transformers_loss(
     with torch.no_grad():
         logits = AutoModelForCausalLM.from_pretrained(out)(rows[:, :-1]).logits
     expected = torch.nn.functional.cross_entropy(logits.mT, rows[:, 1:]).item()
-    kw = dict(init_from=str(out), dtype="float32", threads=1, eval_batch_size=512)
+    kw = dict(init_from=str(out), dtype="float32", eval_batch_size=512)
     result = train.train(tiny(tmp_path, data_root, eval_only=True, **kw))
     assert result["val_loss"] == pytest.approx(expected, abs=1e-4)
     assert f"{out} on shakespeare_char, windows of 32:" in capsys.readouterr().out

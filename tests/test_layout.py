@@ -3,41 +3,31 @@
 import ast
 import graphlib
 import os
+import re
 from pathlib import Path
 
 import pathspec
 import pytest
+from conftest import ROOT
 
 from benchmarks import size
 
-ROOT = Path(__file__).resolve().parent.parent
-TOP = {
-    "model",
-    "train.py",
-    "sample.py",
-    "data",
-    "configs",
-    "tests",
-    "requirements.txt",  # the card's
-    "README.md",
-    "requirements-dev.txt",
-    "pytest.ini",
-    "pyproject.toml",
-    "docs",
-    "benchmarks",
-    "training",
-    ".ci",
-    ".gitignore",
-}
+# The design card's top level (requirements.txt is the card's too).
+TOP = set(
+    """
+model train.py sample.py data configs tests requirements.txt README.md requirements-dev.txt
+pytest.ini pyproject.toml docs benchmarks training .ci .gitignore
+""".split()
+)
 # Modules of features a flag asks for: nothing imports them at its top, so a plain run never loads
 # them, and each can be deleted with its flag.
 OPTIONAL = {
-    "model.hf": "--init-from a GPT-2, python -m model.hf export",
-    "model.textbook": "the write-ups' attention: the tests' oracle",
-    "model.compiled": "sample.py --compile",
-    "training.hellaswag": "--hellaswag",
-    "training.tracking": "--wandb",
-    "data.sources": "data.prepare --files, --hf, folders",
+    "model.hf",  # --init-from a GPT-2, python -m model.hf export
+    "model.textbook",  # the write-ups' attention: the tests' oracle
+    "model.compiled",  # sample.py --compile
+    "training.hellaswag",  # --hellaswag
+    "training.tracking",  # --wandb
+    "data.sources",  # data.prepare --files, --hf, folders
 }
 
 
@@ -52,9 +42,7 @@ def tracked() -> list[str]:
         subfolders[:] = [
             d for d in subfolders if not ignored.match_file(f"{(rel / d).as_posix()}/")
         ]
-        files += [
-            (rel / n).as_posix() for n in names if not ignored.match_file((rel / n).as_posix())
-        ]
+        files += [p for n in names if not ignored.match_file(p := (rel / n).as_posix())]
     return sorted(files)
 
 
@@ -67,22 +55,22 @@ def modules() -> dict[str, Path]:
     }
 
 
-def imports(path: Path, top_only: bool = False) -> set[str]:
-    """The project modules a file imports (a package's __init__ for a name from it); with top_only,
-    only those its module level imports, which load whenever it does."""
+def imports(path: Path) -> set[str]:
+    """The project modules a file's module level imports, which load whenever it does (a package's
+    __init__ for a name from it)."""
     mods, found = modules(), set()
-    tree = ast.parse(path.read_text())
-    nodes = tree.body if top_only else ast.walk(tree)
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
-    for node in nodes:
+    for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            base = f"{package}.{node.module}" if node.level else node.module
-            base = base.rstrip(".") if node.module else package
+            # from x import y; from .x import y; from . import y
+            base = (
+                f"{package}.{node.module}" if node.level and node.module else node.module or package
+            )
             subs = {f"{base}.{alias.name}" for alias in node.names} & mods.keys()
             found |= subs or {base}
-    return {m for m in found if m in mods}
+    return found & mods.keys()
 
 
 def test_the_top_level_is_the_design_cards():
@@ -92,21 +80,22 @@ def test_the_top_level_is_the_design_cards():
 def test_no_import_circle_the_model_stands_alone_and_optional_features_load_when_asked():
     """A module's top-level imports load with it; an optional one is loaded by a function when its
     flag asks (model.hf for --init-from)."""
-    graph = {name: imports(path, top_only=True) - {name} for name, path in modules().items()}
+    graph = {name: imports(path) - {name} for name, path in modules().items()}
     list(graphlib.TopologicalSorter(graph).static_order())  # CycleError names a circle
     assert graph["model.gpt"] == set()  # the network needs nothing of the project
     model = {m for n in graph if n.startswith("model") for m in graph[n]}
     assert not any(m.startswith("training") for m in model | graph["sample"])
-    assert [(n, m) for n in graph if n not in OPTIONAL for m in graph[n] & OPTIONAL.keys()] == []
+    assert [(n, m) for n in graph if n not in OPTIONAL for m in graph[n] & OPTIONAL] == []
 
 
 def test_every_module_says_its_one_job_in_its_first_line():
+    """A docstring whose first line is a sentence of at most 100 characters."""
     unsaid = [
         name
         for name, path in modules().items()
-        if not (doc := ast.get_docstring(ast.parse(path.read_text())) or "").strip()
-        or len(doc.splitlines()[0]) > 100
-        or not doc.splitlines()[0].endswith(".")
+        if not re.fullmatch(
+            r".{0,99}\.", (ast.get_docstring(ast.parse(path.read_text())) or "").split("\n")[0]
+        )
     ]
     assert unsaid == []
 
@@ -132,8 +121,7 @@ def test_no_object_carries_the_run_and_train_holds_at_most_four_context_managers
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and node.name not in {"GPTConfig", "TrainConfig"}:
-                attrs = {t.target.id for t in node.body if isinstance(t, ast.AnnAssign)}
-                attrs |= {
+                attrs = {t.target.id for t in node.body if isinstance(t, ast.AnnAssign)} | {
                     t.attr
                     for t in ast.walk(node)
                     if isinstance(t, ast.Attribute)
@@ -145,8 +133,11 @@ def test_no_object_carries_the_run_and_train_holds_at_most_four_context_managers
     assert wide == []
     tree = ast.parse((ROOT / "train.py").read_text())
     train = next(n for n in tree.body if getattr(n, "name", "") == "train")
-    withs = [w for w in ast.walk(train) if isinstance(w, ast.With)]
-    withs = [w for w in withs if "replacing(" not in ast.unparse(w.items[0])]
+    withs = [
+        w
+        for w in ast.walk(train)
+        if isinstance(w, ast.With) and "replacing(" not in ast.unparse(w.items[0])
+    ]
     assert len(withs) <= 4 and all(len(w.items) == 1 for w in withs)
 
 
@@ -164,4 +155,4 @@ def test_tokens_are_counted_without_comments_blank_lines_or_docstrings(tmp_path)
     path.write_text(
         '"""Doc."""\n\n# a comment\ndef f(a):\n    """Doc."""\n    return a + "b"  # c\n'
     )
-    assert size.tokens(path) == len(["def", "f", "(", "a", ")", ":", "return", "a", "+", '"b"'])
+    assert size.tokens(path) == len('def f ( a ) : return a + "b"'.split())

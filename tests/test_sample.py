@@ -4,6 +4,7 @@ The run's weights are random and large, so that greedy text varies from token to
 equality with a reference loop proves something. Command lines are written as a shell has them.
 """
 
+import ast
 import io
 import re
 import shlex
@@ -12,7 +13,7 @@ from dataclasses import asdict, replace
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import in_process
 from test_config import refused  # the one line of a UserError
 
 import configs
@@ -21,7 +22,8 @@ from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from model.checkpoint import load_checkpoint, model_from, save_checkpoint
 from model.gpt import GPT, GPTConfig, generate
 
-CHARS = "".join(sorted(set((ROOT / "data/corpora/tinyshakespeare/input.txt").read_text())))
+# tinyshakespeare's characters, in data.prepare's order (data_root's shakespeare_char has them)
+CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 TOK, BPE = CharTokenizer(CHARS), GPT2Tokenizer()
 CHAR = {"tokenizer": "char", "vocab_size": 65, "chars": CHARS}  # the run's manifest
 
@@ -40,20 +42,19 @@ def saved(path, manifest=CHAR, **shape):
     return path
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A run folder: its best.pt."""
+@pytest.fixture(scope="module", name="run")
+def char_run(tmp_path_factory):
+    """A run folder: its best.pt (test_hf.py's too)."""
     return saved(tmp_path_factory.mktemp("run") / "best.pt").parent
 
 
-@torch.no_grad()
 def greedy(run, prompt, n):
-    """What --temperature 0 adds to the prompt in n characters: the likeliest at each step, by a
-    full forward pass over the context (no cache). An empty prompt starts from the newline."""
-    model, ids = model_from(load_checkpoint(run)).eval(), TOK.encode(prompt := prompt or "\n")
-    for _ in range(n):
-        ids.append(int(model(torch.tensor([ids[-32:]]))[0][0, -1].argmax()))
-    return TOK.decode(ids)[len(prompt) :]
+    """What --temperature 0 adds to the prompt in n characters: generate()'s likeliest token at each
+    step, which test_generate.py::test_generate_is_the_uncached_loop_while_the_context_fits_then_a_
+    fresh_window holds to be a full forward pass's. An empty prompt starts from the newline."""
+    idx = torch.tensor([TOK.encode(prompt or "\n")])
+    tokens = generate(model_from(load_checkpoint(run)).eval(), idx, n, 0)
+    return TOK.decode([int(t) for t in tokens])
 
 
 def printed(prompts):
@@ -69,81 +70,70 @@ def printed(prompts):
     )
 
 
-def sample_py(capsys, argv, *more):
-    """sample.py's output for the flags in argv (a shell's words) and more."""
-    sample.main([*shlex.split(argv), *more])
-    return capsys.readouterr().out
+def sample_py(argv, *more):
+    """sample.py's output for the flags in argv (a shell's words) and more, run as its script."""
+    return in_process(sample.main, *shlex.split(argv), *more).stdout
 
 
-def sampled(capsys, run, argv, n=1):
+def sampled(run, argv, n=1):
     """The n characters each sample of prompt A added, once sample.py's output is checked to be
     them as it prints them (under a header each, for several)."""
-    out = sample_py(capsys, f"--out-dir {run} --prompt A --max-new-tokens {n} {argv}")
+    out = sample_py(f"--out-dir {run} --prompt A --max-new-tokens {n} {argv}")
     texts = [part[1 : n + 1] for part in out.split(" ---\n")["--num-samples" in argv :]]
     assert out == printed([["A" + t for t in texts]]) and {len(t) for t in texts} == {n}
     return texts
 
 
-# The pieces that pushing a text's ids (or the ids), then None, gives: a list of GPT-2's BPE, or
-# a string of the character model's (a character each). A BPE token holding part of a character
-# waits for the rest; at the end, what is left of one is a U+FFFD. The stream is done before None
-# where end-of-text or a stop came.
+# The pieces that pushing a text's ids (or the ids), then None, gives: GPT-2's BPE tokens' with
+# "|" between them, else a character model's (a character each). A BPE token holding part of a
+# character waits for the rest (an empty piece); at the end, what is left of one is a U+FFFD. The
+# stream is done before None where end-of-text or a stop came.
 @pytest.mark.parametrize(
     "stops, ids, pieces",
     [
-        ([], "naïve 日本 🤗!", ["na", "ïve", " ", "", "日", "", "本", " ", "", "🤗", "!"]),
-        ([], BPE.encode("naïve 日本")[:6], ["na", "ïve", " ", "", "日", "", "\ufffd"]),
-        ([], BPE.encode(" Hello world") + [BPE.eot_id, 262], [" Hello", " world"]),
+        ([], "naïve 日本 🤗!", "na|ïve| ||日||本| ||🤗|!"),
+        ([], BPE.encode("naïve 日本")[:6], "na|ïve| ||日||\ufffd"),
+        ([], BPE.encode(" Hello world") + [BPE.eot_id, 262], " Hello| world"),
         ([], "\n", "\n"),  # a character model has no end-of-text: every id is text
         # a stop string ends the text just after it, though it spans pushes or starts the text
         (["o w"], "hello world. more", "hello w"),
         (["abc"], "abcd", "abc"),
-        (["lo wo"], " hello world again", [" hello", " wo"]),
+        (["lo wo"], " hello world again", " hello| wo"),
         (["b\n"], "ab\nc", "ab\n"),
         # the earliest of several stops wins
-        (["ld", "wor"], " hello world again", [" hello", " wor"]),
-        (["wor", "ld"], " hello world again", [" hello", " wor"]),
+        (["ld", "wor"], " hello world again", " hello| wor"),
+        (["wor", "ld"], " hello world again", " hello| wor"),
         (["\n\n", "l"], "ab\n\ncl", "ab\n\n"),
     ],
 )
 def test_a_text_streams_in_whole_characters_until_its_end_or_first_stop(stops, ids, pieces):
-    tok = BPE if isinstance(pieces, list) else TOK
+    tok, pieces = (BPE, pieces.split("|")) if "|" in pieces else (TOK, [*pieces])
     ids = tok.encode(ids) if isinstance(ids, str) else ids
     stream = sample.TextStream(tok, stops)
     got = [stream.push(i) for i in ids]
     assert stream.done == (stops != [] or BPE.eot_id in ids)
-    got += [stream.push(None), stream.push(0)]  # None ends it: nothing more
-    assert got == [*pieces] + [""] * (len(got) - len(pieces))
+    got += map(stream.push, [None, 0])  # None ends it: nothing more
+    assert got == pieces + [""] * (len(got) - len(pieces))
     assert stream.text == "".join(pieces) and stream.done
 
 
-@pytest.mark.parametrize(
-    "argv, prompts",  # and --max-new-tokens N; top-k 1 draws the likeliest too
-    [
-        (
-            "--out-dir RUN --prompt ROMEO: --top-k 1 --top-p 1 --num-samples 1 --dtype float32",
-            ["ROMEO:"],
-        ),
-        ("--init-from RUN --prompt KING --temperature 0 --device cpu", ["KING"]),
-        (
-            "--out-dir RUN --prompt ROMEO: --prompt '' --num-samples 2 --temperature 0",
-            ["ROMEO:", ""],
-        ),
-        (
-            "--out-dir RUN --prompt - --prompt 'A\\nB' --temperature 0",
-            ["To be,\n", "A\nB"],
-        ),  # stdin
-        ("--out-dir RUN --temperature 0", [""]),  # from the newline of a char model
-        (
-            "--out-dir RUN --prompt 'ROMEO:\\n' --temperature 0",
-            ["ROMEO:\n"],
-        ),  # no blank line after it
-    ],
-)
+# flags (and --max-new-tokens N) => the prompts, as Python writes them. Top-k 1 draws the likeliest
+# too; "--prompt -" reads stdin (To be,); no prompt starts from the newline of a char model; a
+# prompt that ends its line gets no blank line after it.
+GREEDY = r"""--init-from RUN --prompt KING --temperature 0 --device cpu => "KING"
+--out-dir RUN --prompt ROMEO: --top-k 1 --top-p 1 --num-samples 1 --dtype float32 => "ROMEO:"
+--out-dir RUN --prompt ROMEO: --prompt '' --num-samples 2 --temperature 0 => "ROMEO:", ""
+--out-dir RUN --prompt - --prompt 'A\nB' --temperature 0 => "To be,\n", "A\nB"
+--out-dir RUN --temperature 0 => ""
+--out-dir RUN --prompt 'ROMEO:\n' --temperature 0 => "ROMEO:\n"
+"""
+
+
+@pytest.mark.parametrize("row", GREEDY.splitlines())
 @pytest.mark.parametrize("n", [0, 20])
-def test_greedy_decoding_streams_each_prompt_and_its_likeliest_tokens(
-    run, capsys, monkeypatch, argv, prompts, n
-):
+def test_greedy_decoding_streams_each_prompt_and_its_likeliest_tokens(run, monkeypatch, row, n):
+    argv, prompts = row.split(" => ")
+    prompts = ast.literal_eval(f"[{prompts}]")
     samples = 1 + ("--num-samples 2" in argv)
     expected = printed([[p + greedy(run, p, n)] * samples for p in prompts])
     argv = f"--max-new-tokens {n} {argv}".replace("RUN", str(run))
@@ -152,7 +142,7 @@ def test_greedy_decoding_streams_each_prompt_and_its_likeliest_tokens(
     for _ in range(2):  # no --seed: the seeds drawn change nothing
         writes.clear()
         monkeypatch.setattr(sys, "stdin", io.StringIO("To be,\n"))
-        sample_py(capsys, argv)
+        sample.main(shlex.split(argv))  # as it writes: not in_process's stdout
         assert "".join(writes) == expected
         if samples * len(prompts) == 1:  # one sample streams: the prompt, then a piece per token
             prompt = prompts[0]
@@ -160,20 +150,18 @@ def test_greedy_decoding_streams_each_prompt_and_its_likeliest_tokens(
     assert len(set(expected)) > 4 or not n  # varied text, or equality would prove little
 
 
-def test_what_help_says_holds_escapes_seeds_and_stop_strings(run, capsys, monkeypatch):
-    with pytest.raises(SystemExit):
-        sample.main(["--help"])
+def test_what_help_says_holds_escapes_seeds_and_stop_strings(run, monkeypatch):
     assert re.match(
         "usage: sample.py \\[-h].*The same --seed and --num-samples give the same samples",
-        capsys.readouterr().out,
+        in_process(sample.main, "--help").stdout,
         re.S,
     )
     assert sample.unescape(r"a\nb\tc\\n\q\r") == "a\nb\tc\\n\\q\\r"  # three escapes
-    three = sampled(capsys, run, "--num-samples 3 --seed 1", 10)
+    three = sampled(run, "--num-samples 3 --seed 1", 10)
     assert len(set(three)) == 3 == len(three)
-    assert sampled(capsys, run, "--num-samples 3 --seed 1", 10) == three
-    first = sampled(capsys, run, "--seed 7", 100)  # 3 x block_size past it: a character a token
-    assert sampled(capsys, run, "--seed 7", 100) == first != sampled(capsys, run, "--seed 8", 100)
+    assert sampled(run, "--num-samples 3 --seed 1", 10) == three
+    first = sampled(run, "--seed 7", 100)  # 3 x block_size past it: a character a token
+    assert sampled(run, "--seed 7", 100) == first != sampled(run, "--seed 8", 100)
     # a stop string ends each sample just after it, and the decoding with the last
     text, steps = greedy(run, "A", 24), []
     cut = text[: text.index(text[6:8]) + 2]
@@ -185,13 +173,13 @@ def test_what_help_says_holds_escapes_seeds_and_stop_strings(run, capsys, monkey
 
     monkeypatch.setattr(sample, "generate", counted)
     argv = f"--out-dir {run} --prompt A --temperature 0 --max-new-tokens 24 --stop"
-    assert sample_py(capsys, argv, text[6:8]) == printed([["A" + cut]])
+    assert sample_py(argv, text[6:8]) == printed([["A" + cut]])
     assert len(steps) == len(cut) < 24  # the decoding stopped with the text
     # drawn, an escaped newline: each sample where its stop comes, the decoding with the last
     argv = "--num-samples 2 --temperature 2 --seed 6"
-    cut = [text[: text.index("\n") + 1] for text in sampled(capsys, run, argv, 100)]
+    cut = [text[: text.index("\n") + 1] for text in sampled(run, argv, 100)]
     assert len(cut[0]) != len(cut[1])
-    out = sample_py(capsys, f"--out-dir {run} --prompt A --max-new-tokens 100 {argv} --stop '\\n'")
+    out = sample_py(f"--out-dir {run} --prompt A --max-new-tokens 100 {argv} --stop '\\n'")
     assert out == printed([["A" + text for text in cut]]) and len(steps) == max(map(len, cut))
 
 
@@ -218,13 +206,13 @@ def test_a_value_it_cannot_use_is_one_line(run, capsys, monkeypatch, row):
     argv, message = row.split(" | ")
     monkeypatch.setattr(torch.mps, "is_available", lambda: False)
     argv = f"--out-dir {run} " * ("--init-from" not in argv) + argv
-    assert refused(argv, lambda argv: sample_py(capsys, argv)).startswith(message)
+    assert refused(argv, lambda argv: sample.main(shlex.split(argv))).startswith(message)
     assert capsys.readouterr().out == ""
 
 
 @pytest.mark.parametrize("bf16_cpu", [False, True])
 def test_the_dtype_threads_and_vocabulary_follow_the_flags_and_the_model(
-    run, tmp_path, capsys, monkeypatch, bf16_cpu
+    run, tmp_path, monkeypatch, bf16_cpu
 ):
     seen = []  # the weights, and the vocabulary past which nothing is drawn
     monkeypatch.setattr(
@@ -244,11 +232,11 @@ def test_the_dtype_threads_and_vocabulary_follow_the_flags_and_the_model(
         (run, "--device cpu --dtype float16", "float16", 1),
     ]:
         torch.set_num_threads(2)
-        sampled(capsys, path, argv + " --seed 1", 8)  # their text may differ
+        sampled(path, argv + " --seed 1", 8)  # their text may differ
         weight, vocab = seen[-1]
         assert (weight.dtype, weight.device.type, vocab) == (getattr(torch, dtype), "cpu", 65)
         assert torch.get_num_threads() == threads
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # set: kept
     torch.set_num_threads(2)
-    sampled(capsys, run, "")
+    sampled(run, "")
     assert torch.get_num_threads() == 2

