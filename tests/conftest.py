@@ -108,6 +108,12 @@ def data_root(tmp_path_factory) -> Path:
     return root
 
 
+def rows(text: str, sep: str = " | ") -> list[list[str]]:
+    """A table written as text, a row a line (blank lines skipped): each row's columns, split at
+    sep. Tests parametrize on it."""
+    return [line.split(sep) for line in text.splitlines() if line]
+
+
 def tiny(tmp_path, data_root, **fields):
     """The tiny preset as a test trains it: on the CPU, in tmp_path/run, without the last sample."""
     from configs import load_config

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import get_args, get_type_hints
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, rows
 
 from configs import PRESETS, TrainConfig, UserError, load_config, parse_args, settings
 
@@ -148,9 +148,8 @@ max_iter = 7 | mine.toml: unknown setting 'max_iter'; did you mean 'max_iters'?
 colour = 1 | mine.toml: unknown setting 'colour'"""
 
 
-@pytest.mark.parametrize("row", TYPES.splitlines())
-def test_a_wrong_type_or_an_unknown_key_in_a_file_is_one_line(row):
-    toml, message = row.split(" | ")
+@pytest.mark.parametrize("toml, message", rows(TYPES))
+def test_a_wrong_type_or_an_unknown_key_in_a_file_is_one_line(toml, message):
     write("mine.toml", f'base = "tiny"\n{toml}\n')
     assert refused("mine.toml", load_config) == message
 
@@ -259,9 +258,8 @@ preset (finetune_gpt2, gpt2, shakespeare_gpu, small, tiny) or a .toml file
 --config empty | --config empty: ...empty/config.json..."""
 
 
-@pytest.mark.parametrize("row", MISTAKES.splitlines())
-def test_a_misspelt_malformed_or_idle_flag_or_config_is_one_line(row):
-    argv, message = row.split(" | ")
+@pytest.mark.parametrize("argv, message", rows(MISTAKES))
+def test_a_misspelt_malformed_or_idle_flag_or_config_is_one_line(argv, message):
     write("me.toml", 'base = "me.toml"\n')
     write("bad.toml", "max_iters = = 3\n")
     write("bad.json", "{max_iters: 3}")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, in_process, one_error_line, script, tiny_args
+from conftest import ROOT, in_process, one_error_line, rows, script, tiny_args
 from filelock import FileLock
 
 import sample
@@ -121,9 +121,10 @@ sample.py --out-dir TRAINED/../nan.pt | ...its weights hold nan or inf..."""
 # test_sample.py's REFUSED.
 
 
-@pytest.mark.parametrize("row", MISTAKES.splitlines())
-def test_a_mistake_is_one_line_and_writes_nothing(tmp_path, data_root, trained, root, row):
-    line, message = row.split(" | ")
+@pytest.mark.parametrize("line, message", rows(MISTAKES))
+def test_a_mistake_is_one_line_and_writes_nothing(
+    tmp_path, data_root, trained, root, line, message
+):
     words = {
         "TINY": "--config tiny --device cpu --sample-tokens 0 --data-root DATA --out-dir RUN",
         "TRAINED": trained,
@@ -165,11 +166,10 @@ TRAINED | holds a trained run
  | is in use by another run; wait for it, or pick another --out-dir"""
 
 
-@pytest.mark.parametrize("row", FOLDERS.splitlines())
+@pytest.mark.parametrize("names, refused", rows(FOLDERS))
 def test_a_run_folder_of_other_files_or_in_use_is_refused_and_left_as_it_was(
-    tmp_path, data_root, trained, row
+    tmp_path, data_root, trained, names, refused
 ):
-    names, refused = row.split(" | ")
     folder = tmp_path / "run"
     folder.mkdir()
     mine = dict.fromkeys(names.split(), b'{"mine": true}')  # a user's config.json, not a run's
@@ -327,7 +327,7 @@ a --text file | FILE.txt | cut short, another shape | -m data.prepare --text FIL
 --out-root DATA/..
 a --files file | FILE.jsonl | none | -m data.prepare --files FILE.jsonl --out-root DATA/..
 a --hellaswag file | FILE.jsonl | none | train.py --config RUN --eval-only --hellaswag FILE.jsonl"""
-READ_BY = {kind: read for kind, *read in (row.split(" | ") for row in READ_BY.splitlines())}
+READ_BY = {kind: read for kind, *read in rows(READ_BY)}
 INPUTS = {  # the input files' bytes, before the damage
     "a --config file": b'base = "tiny"\nlr_schedule = "cosine"\n',
     "a --text file": MIXED.encode(),

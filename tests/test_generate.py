@@ -9,6 +9,7 @@ import ast
 
 import pytest
 import torch
+from conftest import rows
 from torch.testing import assert_close
 
 from model.gpt import GPT, GPTConfig, generate, sample_next
@@ -125,9 +126,8 @@ DRAWS = """01234 | 1.0
 13 | 1.0, 3, 0.7"""
 
 
-@pytest.mark.parametrize("row", DRAWS.splitlines())
-def test_draws_follow_the_softmax_over_temperature_of_the_top_k_and_top_p(row):
-    kept, sampling = row.split(" | ")
+@pytest.mark.parametrize("kept, sampling", rows(DRAWS))
+def test_draws_follow_the_softmax_over_temperature_of_the_top_k_and_top_p(kept, sampling):
     [sampling] = tuples(sampling)
     probs = (LOGITS / sampling[0]).softmax(-1) * torch.tensor([c in kept for c in "01234"])
     g, same = gen(), gen()

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import ROOT, script, tiny, tiny_args
+from conftest import ROOT, rows, script, tiny, tiny_args
 from test_sample import BPE, TOK  # GPT-2's tokenizer; shakespeare's characters
 
 import train
@@ -90,9 +90,8 @@ not a HellaSwag item ('ñ': not in this model's
 {"ctx": "A", "endings": ["a", "b", "c", "d"], "label": -1} | four endings and a label from 0 to 3"""
 
 
-@pytest.mark.parametrize("row", BAD.splitlines())
-def test_a_bad_line_is_one_line_naming_its_number(tmp_path, row):
-    line, says = row.split(" | ")
+@pytest.mark.parametrize("line, says", rows(BAD))
+def test_a_bad_line_is_one_line_naming_its_number(tmp_path, line, says):
     (path := tmp_path / "x.jsonl").write_text(f"{LINE}\n{LINE}\n{line}\n")
     with pytest.raises(UserError, match=f"^--hellaswag {path}, line 3: .*{re.escape(says)}.*\\Z"):
         hellaswag.load_items(path, TOK)

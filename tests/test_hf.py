@@ -12,7 +12,7 @@ import sys
 import pytest
 import tokenizers
 import torch
-from conftest import hf_tiny, in_process, one_error_line, tiny
+from conftest import hf_tiny, in_process, one_error_line, rows, tiny
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from test_config import refused  # the one line of a UserError
@@ -113,9 +113,8 @@ config.json | {{{SHAPE}, "n_embd": 32}} | (RuntimeError: Error(s) in loading
 config.json | {{{SHAPE}, "n_embd": 16, "activation_function": "relu"}} | (KeyError: 'relu')"""
 
 
-@pytest.mark.parametrize("row", BROKEN.splitlines())
-def test_a_folder_that_is_not_gpt2_is_one_line(tmp_path, row):
-    file, change, says = row.split(" | ")
+@pytest.mark.parametrize("file, change, says", rows(BROKEN))
+def test_a_folder_that_is_not_gpt2_is_one_line(tmp_path, file, change, says):
     hf_tiny().save_pretrained(tmp_path)
     path = tmp_path / file
     if change == "-":

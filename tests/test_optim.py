@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import rows
 
 from configs import TrainConfig, load_config
 from model.gpt import GPT, GPTConfig
@@ -25,9 +26,7 @@ SCHEDULES = """
 """
 
 
-@pytest.mark.parametrize(
-    "fields, progress, expected", [row.split(" => ") for row in SCHEDULES.strip().splitlines()]
-)
+@pytest.mark.parametrize("fields, progress, expected", rows(SCHEDULES, " => "))
 def test_lr_factor_warms_up_then_follows_the_schedule_with_progress_clamped(
     fields, progress, expected
 ):

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import in_process, script, tiny_args
+from conftest import in_process, rows, script, tiny_args
 
 import train
 from configs import UserError, cpu_has_bf16, load_config
@@ -25,11 +25,6 @@ from model.gpt import GPT
 from training.runtime import Runtime, check_fits, idle_cores, peak_flops, setup, step_memory
 
 TINY = load_config("tiny")
-
-
-def rows(text):
-    """The `a => b` lines of text, as [a, b] (or more columns)."""
-    return [line.split(" => ") for line in text.strip().splitlines()]
 
 
 # What the machine has (None: no C++ compiler, no Triton), the environment (X_Y) and the flags
@@ -76,7 +71,7 @@ seed=5 => cpu float32 threads=1 idle_cores() seed=5
 RANK=2 seed=3 => cpu float32 threads=1 idle_cores() seed=5"""
 
 
-@pytest.mark.parametrize("given, decided", rows(SETUPS))
+@pytest.mark.parametrize("given, decided", rows(SETUPS, " => "))
 def test_setup_decides_device_dtype_threads_and_compile(monkeypatch, given, decided):
     m, fields, gpu, idled = SimpleNamespace(), {}, [], []
     for key, value in (word.split("=") for word in f"{MACHINE} {given}".split()):
@@ -148,7 +143,7 @@ none => False
 """
 
 
-@pytest.mark.parametrize("line, has", rows(BF16))
+@pytest.mark.parametrize("line, has", rows(BF16, " => "))
 def test_cpu_has_bf16_reads_the_flags_of_proc_cpuinfo(monkeypatch, line, has):
     info = f"processor\t: 0\nmodel name\t: x avx512_bf16 in its name\n{line}\n"
     fake_files(monkeypatch, {"/proc/cpuinfo": [info] * (line != "none")})
@@ -170,7 +165,7 @@ none => 3 => 3
 """
 
 
-@pytest.mark.parametrize("busy, threads, idle", rows(IDLE))
+@pytest.mark.parametrize("busy, threads, idle", rows(IDLE, " => "))
 def test_idle_cores_counts_the_cores_others_leave_idle(monkeypatch, busy, threads, idle):
     sleeps, ticks = [], os.sysconf("SC_CLK_TCK") * 0.2  # in 0.2 s
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
@@ -254,7 +249,7 @@ NVIDIA GeForce GTX 1080 => 0
 """
 
 
-@pytest.mark.parametrize("name, flops", rows(PEAKS))
+@pytest.mark.parametrize("name, flops", rows(PEAKS, " => "))
 def test_peak_flops_reads_the_gpus_name(monkeypatch, name, flops):
     monkeypatch.setattr("torch.cuda.get_device_name", lambda device: name)
     assert peak_flops("cuda:0") == float(flops) and peak_flops("cpu") == 0
@@ -269,7 +264,7 @@ compile off (this machine cannot compile: docs/devices.md), deterministic
 """
 
 
-@pytest.mark.parametrize("flags, first_line", rows(FIRST_LINES))
+@pytest.mark.parametrize("flags, first_line", rows(FIRST_LINES, " => "))
 def test_the_first_line_and_the_mfu(tmp_path, data_root, monkeypatch, flags, first_line):
     monkeypatch.setattr("configs.cpu_has_bf16", lambda: True)
     monkeypatch.setenv("CXX", "no-such-compiler")

@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 
 import pytest
 import torch
-from conftest import in_process
+from conftest import in_process, rows
 from test_config import refused  # the one line of a UserError
 
 import configs
@@ -129,10 +129,11 @@ GREEDY = r"""--init-from RUN --prompt KING --temperature 0 --device cpu => "KING
 """
 
 
-@pytest.mark.parametrize("row", GREEDY.splitlines())
+@pytest.mark.parametrize("argv, prompts", rows(GREEDY, " => "))
 @pytest.mark.parametrize("n", [0, 20])
-def test_greedy_decoding_streams_each_prompt_and_its_likeliest_tokens(run, monkeypatch, row, n):
-    argv, prompts = row.split(" => ")
+def test_greedy_decoding_streams_each_prompt_and_its_likeliest_tokens(
+    run, monkeypatch, argv, prompts, n
+):
     prompts = ast.literal_eval(f"[{prompts}]")
     samples = 1 + ("--num-samples 2" in argv)
     expected = printed([[p + greedy(run, p, n)] * samples for p in prompts])
@@ -201,9 +202,8 @@ REFUSED = f"""--device tpu | argument --device: invalid choice: 'tpu'
 --init-from ./no/such/run | --init-from ./no/such/run: no such file or folder"""
 
 
-@pytest.mark.parametrize("row", REFUSED.splitlines())
-def test_a_value_it_cannot_use_is_one_line(run, capsys, monkeypatch, row):
-    argv, message = row.split(" | ")
+@pytest.mark.parametrize("argv, message", rows(REFUSED))
+def test_a_value_it_cannot_use_is_one_line(run, capsys, monkeypatch, argv, message):
     monkeypatch.setattr(torch.mps, "is_available", lambda: False)
     argv = f"--out-dir {run} " * ("--init-from" not in argv) + argv
     assert refused(argv, lambda argv: sample.main(shlex.split(argv))).startswith(message)

@@ -17,7 +17,7 @@ from signal import SIGINT, SIGTERM, SIGUSR1
 
 import pytest
 import torch
-from conftest import ROOT, in_process, script, tiny, tiny_args
+from conftest import ROOT, in_process, rows, script, tiny, tiny_args
 from filelock import FileLock
 from torch.utils._pytree import tree_map_only
 
@@ -168,14 +168,13 @@ inf | 20 20 | configs.UserError: the val loss became inf at step 20; stopped, ke
 RuntimeError | 20 20 | RuntimeError: the eval died"""
 
 
-@pytest.mark.parametrize("row", FAULTS.splitlines())
+@pytest.mark.parametrize("fault, steps, why", rows(FAULTS))
 def test_a_bad_loss_eval_or_save_stops_keeping_the_last_good_checkpoint_whole_and_the_best(
-    tmp_path, data_root, monkeypatch, row
+    tmp_path, data_root, monkeypatch, fault, steps, why
 ):
     """Evals at steps 5, 10, 15 and 20 score 3.0, 2.0, 2.5, then the fault; or the weights become
     nan after step 15's or in step 20's, or saving step 20 fills the disk. A step is saved before
     its eval, and best.pt before the eval that made it the best."""
-    fault, steps, why = row.split(" | ")
     values, run = iter([3.0, 2.0, 2.5, fault]), tmp_path / "run"
 
     def evaluate(model, *args):
