@@ -130,19 +130,9 @@ def tiny(tmp_path, data_root, **fields):
 
 def tiny_args(tmp_path, data_root, *extra) -> list[str]:
     """train.py's flags for the same tiny run."""
-    return [
-        "--config",
-        "tiny",
-        "--device",
-        "cpu",
-        "--data-root",
-        str(data_root),
-        "--sample-tokens",
-        "0",
-        "--out-dir",
-        str(tmp_path / "run"),
-        *map(str, extra),
-    ]
+    run = tmp_path / "run"
+    flags = f"--config tiny --device cpu --data-root {data_root} --sample-tokens 0 --out-dir {run}"
+    return [*flags.split(), *map(str, extra)]
 
 
 def script(*argv, timeout=300, **kwargs) -> subprocess.CompletedProcess:

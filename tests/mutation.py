@@ -53,7 +53,7 @@ MESSAGE_LINES = [
 # (torchrun, the scripts), and the documented commands: minutes each mutant would pay, for code the
 # in-process tests run too. pytest takes the last -m it is given: one expression says all.
 LEFT_OUT = ["test_commands.py", "test_layout.py", "test_failures.py", "test_benchmarks.py"]
-MARKERS = "-mnot compiles and not cuda and not slow"
+MARKERS = "-mnot cuda and not slow"
 CONFIG = """[mutmut]
 source_paths=
 {sources}

@@ -56,7 +56,7 @@ python sample.py --prompt "ROMEO:" --num-samples 3 --seed 7 --top-k 20 --top-p 0
 => sample 3/3
 python sample.py --prompt "ROMEO:" --stop "\\n\\n" => {SAMPLE} => ROMEO:
 python sample.py --prompt "ROMEO:" --prompt "JULIET:" => {SAMPLE} => prompt 2/2
-python sample.py --prompt "ROMEO:" --compile => {SAMPLE} => ROMEO: => compiles
+python sample.py --prompt "ROMEO:" --compile => {SAMPLE} => ROMEO: => slow
 python sample.py --out-dir out/shakespeare_gpu --prompt "KING:" => {SAMPLE} => KING:
 echo "To be, or not" | python sample.py --prompt - => {SAMPLE} => To be, or not
 python sample.py --init-from gpt2 --prompt "Hello, I'm a language model," => {SAMPLE} \

@@ -164,7 +164,7 @@ def test_temperature_0_or_a_tiny_temperature_or_top_p_gives_the_argmax_and_no_na
     assert torch.equal(sample_next(logits, *sampling, generator=gen()), logits.argmax(-1))
 
 
-@pytest.mark.compiles
+@pytest.mark.slow  # it compiles
 def test_compiled_decoding_draws_the_same_tokens_as_eager():
     from torch._dynamo.utils import counters
 
