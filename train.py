@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 import torch
+import torch.distributed as dist
 from filelock import FileLock, Timeout
 from tqdm import tqdm
 
@@ -68,7 +69,7 @@ def evaluate(
     if rt.world_size > 1:  # each process steps its own copy of the weights: they must stay equal
         sums = torch.stack([p.detach().float().sum() for p in model.parameters()])
         first = sums.clone()
-        torch.distributed.broadcast(first, 0)
+        dist.broadcast(first, 0)
         if not torch.equal(sums, first):
             print(f"warning: process {rt.rank}'s weights differ from process 0's", file=sys.stderr)
     model.eval()
@@ -86,8 +87,8 @@ def evaluate(
                 _, loss = model(x, y)
             total += torch.stack([loss * y.numel(), loss.new_tensor(y.numel())])
         if (total := summed(total, stopped(), rt)) is None:
-            model.train()
-            return None
+            losses = None
+            break
         losses[f"{split}_loss"] = (total[0] / total[1]).item()
     model.train()
     return losses
@@ -99,24 +100,23 @@ def train(cfg: TrainConfig) -> dict:
     started = time.time()
     # device, dtype, compile, CPU threads, the seed and DDP: the first line names them
     rt = setup(cfg)
-    master, ddp = rt.rank == 0, torch.distributed.is_initialized()
+    master, ddp = rt.rank == 0, dist.is_initialized()
+    parts = [rt.device]  # e.g. "cpu, 2 threads, bfloat16, compile off"
     if rt.device == "cpu":  # saved with the run, so that --resume sums in the same order
         cfg = replace(cfg, threads=torch.get_num_threads())
-    if master:  # e.g. "cpu, 2 threads, bfloat16, compile off"
-        parts = [rt.device]
-        if rt.device.startswith("cuda"):
-            parts.append(torch.cuda.get_device_name())
-        if rt.device == "cpu":
-            parts.append(f"{cfg.threads} thread" + "s" * (cfg.threads > 1))
-        if ddp:
-            parts.append(f"{rt.world_size} processes")
-        parts += [str(rt.dtype)[6:], f"compile {'on' if rt.compile else 'off'}"]
-        if cfg.compile and not rt.compile:
-            parts[-1] += " (this machine cannot compile: docs/devices.md)"
+        parts.append(f"{cfg.threads} thread" + "s" * (cfg.threads > 1))
+    if rt.device.startswith("cuda"):
+        parts.append(torch.cuda.get_device_name())
+    if ddp:
+        parts.append(f"{rt.world_size} processes")
+    parts += [str(rt.dtype)[6:], f"compile {'on' if rt.compile else 'off'}"]
+    if cfg.compile and not rt.compile:
+        parts[-1] += " (this machine cannot compile: docs/devices.md)"
+    if master:
         print(", ".join(parts + ["deterministic"] * cfg.deterministic))
     with contextlib.ExitStack() as stack:
         if ddp:
-            stack.callback(torch.distributed.destroy_process_group)
+            stack.callback(dist.destroy_process_group)
 
         # the run folder: locked while this run writes it; a new run takes no folder that another
         # run, or its user, filled
@@ -153,10 +153,10 @@ def train(cfg: TrainConfig) -> dict:
         # data: the token files (each node's first process prepares a preset on first use, the
         # others wait for it) and their tokenizer
         if ddp and rt.local_rank > 0:
-            torch.distributed.barrier()
+            dist.barrier()
         data_dir = dataset_dir(cfg.dataset, cfg.data_root, quiet=not master)
         if ddp and rt.local_rank == 0:
-            torch.distributed.barrier()
+            dist.barrier()
         manifest = read_manifest(data_dir)
         val_windows = windows(data_dir / "val.bin", cfg.block_size)[:: cfg.block_size]
 
@@ -195,6 +195,7 @@ def train(cfg: TrainConfig) -> dict:
             )
         model.crop(cfg.block_size)  # one block_size from here on, which the checkpoint holds
         cfg = replace(cfg, **asdict(model.config))  # the weights bring their shape
+        run_settings = settings(cfg)  # config.json's, and the checkpoint's: cfg changes no more
         model.to(rt.device)
         eval_rows = cfg.eval_batch_size or cfg.batch_size  # the batches of all of val, if any
         whole_val = math.ceil(len(val_windows) / eval_rows)
@@ -211,10 +212,10 @@ def train(cfg: TrainConfig) -> dict:
 
         if cfg.eval_only:
             losses = evaluate(model, data_dir, cfg, rt, whole_val)  # Ctrl-C: 130
-            losses |= score_hellaswag(lambda: False) if score_hellaswag else {}
+            if score_hellaswag:
+                losses |= score_hellaswag(lambda: False)
             if master:
-                scored = cfg.init_from or checkpoint_file(run_dir)
-                print(f"{scored} on {cfg.dataset}, windows of {cfg.block_size}:")
+                print(f"{weights} on {cfg.dataset}, windows of {cfg.block_size}:")
                 for k, v in losses.items():
                     perplexity = f"  perplexity {math.exp(v):.2f}" if k.endswith("loss") else ""
                     print(f"  {k} {v:.4f}{perplexity}" if isinstance(v, float) else f"  {k} {v}")
@@ -240,7 +241,7 @@ def train(cfg: TrainConfig) -> dict:
             if checkpoint["scaler"]:  # empty unless the run trained in float16
                 scaler.load_state_dict(checkpoint["scaler"])
             state = TrainState(**checkpoint["state"])
-            now, then = settings(cfg), checkpoint["config"]  # a flag typed, or config.json edited
+            now, then = run_settings, checkpoint["config"]  # a flag typed, or config.json edited
             changed = [f"{k} {v} -> {now.get(k)}" for k, v in then.items() if v != now.get(k)]
             if master and (changed := [c for c in changed if not c.startswith("out_dir ")]):
                 print(f"settings changed since the checkpoint: {', '.join(changed)}")
@@ -296,19 +297,22 @@ def train(cfg: TrainConfig) -> dict:
         )
 
         # the record: metrics.jsonl, wandb if asked, and the settings that repeat the run
+        def write_settings() -> None:
+            with replacing(run_dir / "config.json") as tmp:
+                tmp.write_text(json.dumps(run_settings, indent=1))
+
         wandb_run = None
         if master:
             if cfg.wandb:
                 from training.tracking import start_wandb
 
-                wandb_run = start_wandb(cfg, settings(cfg), state.wandb_id)
+                wandb_run = start_wandb(cfg, run_settings, state.wandb_id)
                 state.wandb_id = wandb_run.id
             metrics = stack.enter_context(
                 open(run_dir / "metrics.jsonl", "a" if cfg.resume else "w")
             )
             if not cfg.resume:  # a resume's settings become the run's at its first save
-                with replacing(run_dir / "config.json") as tmp:
-                    tmp.write_text(json.dumps(settings(cfg), indent=1))
+                write_settings()
             resuming = f"; resuming at step {state.step}" if cfg.resume else ""
             print(
                 f"{model.num_params() / 1e6:.2f}M parameters; {tokens_a_step:,} tokens a "
@@ -338,7 +342,7 @@ def train(cfg: TrainConfig) -> dict:
                 {
                     "model": model.state_dict(),
                     "model_config": asdict(model.config),
-                    "config": settings(cfg),
+                    "config": run_settings,
                     "optimizer": [o.state_dict() for o in optimizers],
                     "scaler": scaler.state_dict(),
                     "state": asdict(state),
@@ -346,8 +350,7 @@ def train(cfg: TrainConfig) -> dict:
                 },
                 run_dir / "ckpt.pt",
             )
-            with replacing(run_dir / "config.json") as tmp:
-                tmp.write_text(json.dumps(settings(cfg), indent=1))
+            write_settings()
             return state.step
 
         # stop signals: each is a request that the loop reads at the top of its next step (an eval
@@ -387,10 +390,10 @@ def train(cfg: TrainConfig) -> dict:
                 eval_batches = max(1, min(eval_batches, fits))
                 eval_seconds = (2 * eval_batches * eval_rows + hellaswag_rows) * row_seconds
             late = time.time() + step_seconds + eval_seconds + 1.0 > deadline
-            decision = [float(len(requests)), float(late), float(eval_batches)]
+            decision = [len(requests), late, eval_batches]
             if ddp:
                 agreed = torch.tensor(decision, device=rt.device)
-                torch.distributed.all_reduce(agreed)
+                dist.all_reduce(agreed)
                 decision = agreed.tolist()
             signalled, late = decision[0] > 0, decision[1] > 0
             eval_batches = int(decision[2]) // rt.world_size
@@ -430,11 +433,10 @@ def train(cfg: TrainConfig) -> dict:
                         from training.plot import plot_losses
 
                         plot_losses(run_dir)
-                        shown = [
+                        scores = ", ".join(
                             f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                             for k, v in losses.items()
-                        ]
-                        scores = ", ".join(shown)
+                        )
                         tqdm.write(f"step {state.step}: {scores}" + " (best)" * improved)
                 evaluating += time.time() - t0
                 logged_time += time.time() - t0  # the steps' speed, as logged, leaves evals out
@@ -482,7 +484,7 @@ def train(cfg: TrainConfig) -> dict:
             if state.step % cfg.log_interval == 0 or state.step == cfg.max_iters:
                 now, steps = time.time(), state.step - logged_step
                 if ddp:
-                    torch.distributed.all_reduce(loss_sum)
+                    dist.all_reduce(loss_sum)
                 loss_value = loss_sum.item() / steps / rt.world_size
                 if not math.isfinite(loss_value):
                     raise diverged(f"the loss became {loss_value}")
@@ -495,18 +497,19 @@ def train(cfg: TrainConfig) -> dict:
                     shown = f"loss {loss_value:.4f} lr {lr * cfg.lr:.2e} {tokens_per_s:,.0f} tok/s"
                     shown += f" mfu {speed['mfu']:.1%}" if gpu_flops else ""
                     bar.set_postfix_str(shown, refresh=False)
-                loss_sum, logged_step, logged_time = torch.zeros_like(loss_sum), state.step, now
+                loss_sum.zero_()
+                logged_step, logged_time = state.step, now
         bar.close()
         stop_signal = (requests or [signal.SIGTERM])[0] if signalled else 0  # another's: SIGTERM
 
         # the end: where the outputs are, and a sample
         if wandb_run is not None:
             wandb_run.finish(exit_code=128 + stop_signal if stop_signal else 0)
+        final = losses if state.evaluated == state.step else {}  # a stop signal skips the eval
         if master:
             why = "max_iters" if state.step >= cfg.max_iters else "max_time"
             why = signal.Signals(stop_signal).name if stop_signal else why
-            scores = [f", {k} {v:.4f}" for k, v in losses.items() if k.endswith("loss")]
-            scores = "".join(scores) if state.evaluated == state.step else ""
+            scores = "".join(f", {k} {v:.4f}" for k, v in final.items() if k.endswith("loss"))
             print(
                 f"stopped at step {state.step} by {why} after {time.time() - started:.1f}s{scores}"
             )
@@ -521,15 +524,16 @@ def train(cfg: TrainConfig) -> dict:
                 start = torch.tensor([[tok.start_id]], device=rt.device)
                 generator = torch.Generator(rt.device).manual_seed(cfg.seed)
                 ids = []
-                with rt.autocast():
-                    sampling = 0.8, 200, None, generator, tok.vocab_size
-                    for t in generate(model, start, cfg.sample_tokens, *sampling):
+                with rt.autocast():  # temperature 0.8, top-k 200
+                    for t in generate(
+                        model, start, cfg.sample_tokens, 0.8, 200, None, generator, tok.vocab_size
+                    ):
                         if requests or time.time() > deadline:  # a signal or the time limit
                             break
                         ids.append(int(t))
-                text = tok.decode(ids)
-                print(f"a sample (python sample.py --out-dir {run_dir} for more):\n{text}")
-        final = losses if state.evaluated == state.step else {}  # a stop signal skips the eval
+                print(
+                    f"a sample (python sample.py --out-dir {run_dir} for more):\n{tok.decode(ids)}"
+                )
         return {
             "step": state.step,
             "stop_signal": requests[0] if requests else stop_signal,
