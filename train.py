@@ -241,9 +241,12 @@ def train(cfg: TrainConfig) -> dict:
             if checkpoint["scaler"]:  # empty unless the run trained in float16
                 scaler.load_state_dict(checkpoint["scaler"])
             state = TrainState(**checkpoint["state"])
-            now, then = run_settings, checkpoint["config"]  # a flag typed, or config.json edited
-            changed = [f"{k} {v} -> {now.get(k)}" for k, v in then.items() if v != now.get(k)]
-            if master and (changed := [c for c in changed if not c.startswith("out_dir ")]):
+            changed = [  # a flag typed, or config.json edited; out_dir is where the run is now
+                f"{k} {v} -> {run_settings.get(k)}"
+                for k, v in checkpoint["config"].items()
+                if v != run_settings.get(k) and k != "out_dir"
+            ]
+            if master and changed:
                 print(f"settings changed since the checkpoint: {', '.join(changed)}")
             if master and (metrics := run_dir / "metrics.jsonl").is_file():
                 # An eval at the checkpoint's own step is run again unless the checkpoint holds it.
@@ -372,7 +375,8 @@ def train(cfg: TrainConfig) -> dict:
         bar = stack.enter_context(tqdm(total=cfg.max_iters, initial=state.step, disable=not master))
         seconds_before = state.seconds if cfg.max_time else 0.0
         deadline = started + cfg.max_time - seconds_before if cfg.max_time else math.inf
-        saved, first_step, losses = state.step if cfg.resume else 0, state.step, {}
+        saved = first_step = state.step  # a resumed run's step is the checkpoint's, saved
+        losses = {}
         loss_sum, logged_step, evaluating = torch.zeros((), device=rt.device), state.step, 0.0
         loop_started = logged_time = time.time()
         while True:
@@ -396,7 +400,7 @@ def train(cfg: TrainConfig) -> dict:
                 dist.all_reduce(agreed)
                 decision = agreed.tolist()
             signalled, late = decision[0] > 0, decision[1] > 0
-            eval_batches = int(decision[2]) // rt.world_size
+            eval_batches = decision[2] // rt.world_size
             if late and not signalled and state.step == first_step < cfg.max_iters:
                 left = deadline - time.time()
                 raise UserError(
