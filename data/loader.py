@@ -23,7 +23,7 @@ def write_tokens(path, chunks, vocab_size: int) -> int:
     with open(path, "wb") as f:
         f.seek(HEADER.size)  # the header goes in once the count is known, at the end
         for chunk in chunks:
-            f.write(np.asarray(chunk, dtype).tobytes())
+            np.asarray(chunk, dtype).tofile(f)
         count = (f.tell() - HEADER.size) // dtype.itemsize
         f.seek(0)
         f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, count))

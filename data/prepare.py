@@ -142,7 +142,7 @@ def prepare(
     # the source: a text, a folder of text files, or (data/sources.py) data files or a dataset;
     # the sha256 of a local one's bytes tells whether the dataset already holds it
     if one_text:
-        source, hashed, read = {"text": str(one_text)}, sha256([one_text]), None
+        source, hashed = {"text": str(one_text)}, sha256([one_text])
     elif text:
         # glob follows a symlinked folder, where Path.rglob (before Python 3.13) skips it
         found = glob.glob(os.path.join(glob.escape(text), "**", "*.txt"), recursive=True)
@@ -191,7 +191,7 @@ def prepare(
             return out
         with replacing(out) as tmp:
             tmp.mkdir()
-            if read is None:
+            if one_text:
                 text = utf8(Path(one_text).read_bytes(), one_text)
                 tok, counts = write_text(text, tokenizer, tmp, val_fraction)
             else:
@@ -273,12 +273,12 @@ def main(argv=None) -> None:
     )
     p.add_argument("--force", action="store_true", help="prepare it again, even if up to date")
     p.add_argument("--quiet", action="store_true", help="no progress bars or summary")
-    args = vars(p.parse_args(argv))
-    if not (args["files"] or args["hf"]) and args["text_column"] != "text":
+    args = p.parse_args(argv)
+    if not (args.files or args.hf) and args.text_column != "text":
         raise UserError("--text-column is for --files and --hf; drop it")
-    if not args["hf"] and (args["subset"] or args["split"] != "train" or args["streaming"]):
+    if not args.hf and (args.subset or args.split != "train" or args.streaming):
         raise UserError("--subset, --split and --streaming are for --hf; drop them")
-    prepare(**args)
+    prepare(**vars(args))
 
 
 if __name__ == "__main__":
