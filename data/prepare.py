@@ -171,7 +171,7 @@ def prepare(
     # Another source or tokenizer under the same name is not taken for an edit of the same text:
     # the runs trained on the dataset could not resume.
     old = read_manifest(out) if saved.is_file() and name not in PRESETS and not force else want
-    if (old["source"], old["tokenizer"]) != (want["source"], want["tokenizer"]):
+    if (old["source"], old["tokenizer"]) != (source, tokenizer):
         raise UserError(
             f"{out} holds dataset {name} of other text or another tokenizer; give --force to "
             "replace it (its runs can then not resume), or another name"
@@ -206,8 +206,9 @@ def prepare(
                 vocab_size=tok.vocab_size,
                 sha256=hashed,
                 chars=getattr(tok, "chars", None),
+                train_tokens=counts["train"],
+                val_tokens=counts["val"],
             )
-            manifest |= {f"{split}_tokens": n for split, n in counts.items()}  # train, val
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
     if not quiet:
         print(
