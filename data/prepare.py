@@ -58,9 +58,10 @@ def sha256(paths) -> str:
     return h.hexdigest()
 
 
-def write_text(text: str, tokenizer: str, folder: Path, val_fraction: float):
-    """One text into folder/train.bin and val.bin, split by characters as nanoGPT splits it.
+def write_text(path, tokenizer: str, folder: Path, val_fraction: float):
+    """One text file into folder/train.bin and val.bin, split by characters as nanoGPT splits it.
     Returns (the tokenizer, a char one of the text's characters; the token counts)."""
+    text = utf8(Path(path).read_bytes(), path)
     tok = CharTokenizer("".join(sorted(set(text)))) if tokenizer == "char" else GPT2Tokenizer()
     cut = int(len(text) * (1 - val_fraction))
     counts = {}
@@ -133,7 +134,7 @@ def prepare(
         raise UserError(f"--val-fraction {val_fraction}: give a share between 0 and 1")
     one_text = text if text and Path(text).is_file() else CORPUS if name in PRESETS else None
     tokenizer = tokenizer or PRESETS.get(name, "gpt2")
-    given = text or (files or [hf])[0]  # the source, as the user named it
+    given = one_text or text or (files or [hf])[0]  # the source: a file, folder or dataset
     name = name or Path(given).name.split(".")[0]
     if not name or name.startswith(".") or "/" in name:
         raise UserError(f"{name!r} cannot name a dataset's folder; give a name such as mycorpus")
@@ -192,23 +193,15 @@ def prepare(
         with replacing(out) as tmp:
             tmp.mkdir()
             if one_text:
-                text = utf8(Path(one_text).read_bytes(), one_text)
-                tok, counts = write_text(text, tokenizer, tmp, val_fraction)
+                tok, counts = write_text(one_text, tokenizer, tmp, val_fraction)
             else:
                 tok, counts, docs_hash = write_documents(read, tokenizer, tmp, val_fraction, quiet)
                 hashed = hashed or docs_hash
             if not (counts["train"] and counts["val"]):
-                raise UserError(
-                    f"{one_text or given}: too little text for a train and a val split; give more"
-                )
-            manifest = want | dict(
-                name=name,
-                vocab_size=tok.vocab_size,
-                sha256=hashed,
-                chars=getattr(tok, "chars", None),
-                train_tokens=counts["train"],
-                val_tokens=counts["val"],
-            )
+                raise UserError(f"{given}: too little text for a train and a val split; give more")
+            chars = getattr(tok, "chars", None)
+            manifest = want | dict(name=name, vocab_size=tok.vocab_size, sha256=hashed, chars=chars)
+            manifest |= {f"{split}_tokens": n for split, n in counts.items()}  # train, val
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
     if not quiet:
         print(
