@@ -11,7 +11,7 @@ import torch
 
 from configs import ArgumentParser, UserError, replacing, run
 
-from .checkpoint import load_checkpoint, model_from
+from .checkpoint import checkpoint_file, load_checkpoint, model_from
 from .gpt import GPT, GPTConfig
 
 # Our parameter names are GPT-2's; only its Conv1D weights are stored (in, out), where Linear's are
@@ -93,7 +93,7 @@ def load_weights(name: str, dropout: float = 0.0) -> tuple[GPT, dict]:
     """--init-from NAME: (the model, the manifest of its data) of a run folder or .pt file of ours,
     else of a Hugging Face GPT-2 folder or hub id."""
     path = Path(name)
-    if path.suffix == ".pt" or (path / "ckpt.pt").is_file() or (path / "best.pt").is_file():
+    if path.suffix == ".pt" or checkpoint_file(path).is_file():
         checkpoint = load_checkpoint(path)
         return model_from(checkpoint, dropout), checkpoint["manifest"]
     if name.startswith(("/", ".", "~")) and not path.exists():  # a path, not a hub id
@@ -133,11 +133,16 @@ def export(run_dir: str, out: str) -> Path:
         # The tied lm_head is left out (transformers ties it again), and so are a padded embedding's
         # extra rows.
         state = {
-            k: (v.t() if k.endswith(CONV1D) else v[:vocab] if "wte" in k or "lm_head" in k else v)
+            k: (
+                v.t().contiguous()
+                if k.endswith(CONV1D)
+                else v[:vocab]
+                if "wte" in k or "lm_head" in k
+                else v
+            )
             for k, v in model.state_dict().items()
             if not (k == "lm_head.weight" and c.tie_weights)
         }
-        state = {k: v.contiguous() for k, v in state.items()}
         (tmp / "model.safetensors").write_bytes(save(state, metadata={"format": "pt"}))
         eot = 50256 if manifest["tokenizer"] == "gpt2" else None
         config = {
@@ -159,10 +164,8 @@ def export(run_dir: str, out: str) -> Path:
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
         if eot is None:  # a token per character, joined back without spaces
             # A character outside the vocabulary is refused, as ours refuses it: "[UNK]" is none.
-            chars = manifest["chars"]
-            tok = Tokenizer(
-                models.WordLevel({ch: i for i, ch in enumerate(chars)}, unk_token="[UNK]")
-            )
+            ids = {ch: i for i, ch in enumerate(manifest["chars"])}
+            tok = Tokenizer(models.WordLevel(ids, unk_token="[UNK]"))
             tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
             tok.decoder = decoders.Fuse()
         else:  # GPT-2's byte-level BPE, from the files that our tokenizer is built from
