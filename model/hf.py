@@ -58,20 +58,21 @@ def load_gpt2(name: str, dropout: float = 0.0) -> tuple[GPT, dict]:
                 state |= load_file(file)
             else:
                 state |= torch.load(file, map_location="cpu", weights_only=True)
-        config = GPTConfig(
-            hf["vocab_size"],
-            hf.get("n_positions", 1024),
-            hf["n_layer"],
-            hf["n_head"],
-            hf["n_embd"],
-            dropout,
-            tie_weights=hf.get("tie_word_embeddings", True),
-            # another activation would load and give other logits: a KeyError names it
-            activation={"gelu_new": "gelu", "gelu": "gelu_exact"}[
-                hf.get("activation_function", "gelu_new")
-            ],
+        model = GPT(
+            GPTConfig(
+                hf["vocab_size"],
+                hf.get("n_positions", 1024),
+                hf["n_layer"],
+                hf["n_head"],
+                hf["n_embd"],
+                dropout,
+                tie_weights=hf.get("tie_word_embeddings", True),
+                # another activation would load and give other logits: a KeyError names it
+                activation={"gelu_new": "gelu", "gelu": "gelu_exact"}[
+                    hf.get("activation_function", "gelu_new")
+                ],
+            )
         )
-        model = GPT(config)
         # GPT-2's transformer keys come with or without "transformer."; old ones with its masks.
         ours = {}
         for key, tensor in state.items():
@@ -162,6 +163,11 @@ def export(run_dir: str, out: str) -> Path:
             "eos_token_id": eot,
         }
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        tokenizer_config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": c.block_size,
+            "clean_up_tokenization_spaces": False,
+        }
         if eot is None:  # a token per character, joined back without spaces
             # A character outside the vocabulary is refused, as ours refuses it: "[UNK]" is none.
             ids = {ch: i for i, ch in enumerate(manifest["chars"])}
@@ -174,14 +180,9 @@ def export(run_dir: str, out: str) -> Path:
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
             tok.decoder = decoders.ByteLevel()
             tok.add_special_tokens(["<|endoftext|>"])
+            specials = ("bos_token", "eos_token", "unk_token")
+            tokenizer_config |= dict.fromkeys(specials, "<|endoftext|>")  # all three: end-of-text
         tok.save(str(tmp / "tokenizer.json"))
-        specials = dict.fromkeys(("bos_token", "eos_token", "unk_token"), "<|endoftext|>")
-        tokenizer_config = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "model_max_length": c.block_size,
-            "clean_up_tokenization_spaces": False,
-            **(specials if eot else {}),
-        }
         (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
         (tmp / "manifest.json").write_text(json.dumps(manifest))
     return out
