@@ -170,8 +170,10 @@ def export(run_dir: str, out: str) -> Path:
         }
         if eot is None:  # a token per character, joined back without spaces
             # A character outside the vocabulary is refused, as ours refuses it: "[UNK]" is none.
-            ids = {ch: i for i, ch in enumerate(manifest["chars"])}
-            tok = Tokenizer(models.WordLevel(ids, unk_token="[UNK]"))
+            chars = manifest["chars"]
+            tok = Tokenizer(
+                models.WordLevel({ch: i for i, ch in enumerate(chars)}, unk_token="[UNK]")
+            )
             tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
             tok.decoder = decoders.Fuse()
         else:  # GPT-2's byte-level BPE, from the files that our tokenizer is built from
