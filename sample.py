@@ -113,11 +113,10 @@ def main(argv=None) -> None:
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(1)
     model.to(device, dtype).eval()
-    decoder = model
     if args.compile:
         from model.compiled import compiled
 
-        decoder = compiled(model)
+        model = compiled(model)
     generator = torch.Generator(device)
     generator.manual_seed(args.seed) if args.seed is not None else generator.seed()
 
@@ -137,7 +136,7 @@ def main(argv=None) -> None:
             print(prompt, end="", flush=True)
         idx = torch.tensor([ids] * args.num_samples, device=device)
         sampling = args.temperature, args.top_k, args.top_p, generator, tok.vocab_size
-        for tokens in generate(decoder, idx, args.max_new_tokens, *sampling):
+        for tokens in generate(model, idx, args.max_new_tokens, *sampling):
             pieces = [stream.push(t) for stream, t in zip(streams, tokens.tolist())]  # a host sync
             if alone:
                 print(pieces[0], end="", flush=True)

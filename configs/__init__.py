@@ -37,8 +37,9 @@ class ArgumentParser(argparse.ArgumentParser):
     (--conf X is not --config X)."""
 
     def __init__(self, **kwargs):
-        kwargs |= dict(formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-        super().__init__(**kwargs)
+        super().__init__(
+            **kwargs, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+        )
 
     def error(self, message):
         raise UserError(message)
@@ -166,10 +167,8 @@ class TrainConfig(GPTConfig):
     def __post_init__(self):
         """Every bound, checked here whether the value came from a flag, a file or code."""
         for name, kind in get_type_hints(TrainConfig).items():
-            value, choices = (
-                getattr(self, name),
-                get_args(kind) if get_origin(kind) is Literal else (),
-            )
+            value = getattr(self, name)
+            choices = get_args(kind) if get_origin(kind) is Literal else ()
             if choices and value not in choices:
                 raise UserError(f"{flag(name)} {value!r}: choose one of {', '.join(choices)}")
             if not choices and not (type(value) is kind or kind is float and type(value) is int):
@@ -219,13 +218,14 @@ def load_config(name: str) -> TrainConfig:
         raise UserError(f"--config is empty; give a preset ({', '.join(PRESETS)}) or a .toml file")
     path = Path(__file__).with_name(f"{name}.toml") if name in PRESETS else Path(name)
     path = path / "config.json" if path.is_dir() else path
+    saved_run = path.name == "config.json"  # the settings a run saved
     try:
         text = path.read_text()
         values = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
         if not isinstance(values, dict):  # a JSON list or number
             raise ValueError("its settings are not a table")
     except (OSError, ValueError) as e:  # no such file, or neither TOML nor JSON
-        if path.name == "config.json" and path.is_file():  # a run's, which no flag named
+        if saved_run and path.is_file():  # which no flag named
             raise UserError(f"{path} is damaged ({e}); put the run's config.json back") from None
         near = difflib.get_close_matches(path.stem, PRESETS, 1)
         hint = f"did you mean --config {near[0]}? " if near else ""
@@ -234,7 +234,7 @@ def load_config(name: str) -> TrainConfig:
         ) from None
     if path.suffix == ".toml":
         values.setdefault("name", path.stem)
-    if path.name == "config.json":  # a run's: its folder is where it is now, moved or copied
+    if saved_run:  # its folder is where it is now, moved or copied
         values["out_dir"] = str(path.parent)
     try:
         base = str(values.pop("base", ""))  # a preset, or a file beside this one
@@ -249,13 +249,13 @@ def load_config(name: str) -> TrainConfig:
     except RecursionError:
         raise UserError(f"{path}: its base is itself, or a base of its base") from None
     names = [f.name for f in fields(TrainConfig)]
-    for key in values.keys() - set(names):
+    for key in values.keys() - names:
         hint = "".join(f"; did you mean {h!r}?" for h in difflib.get_close_matches(key, names, 1))
         raise UserError(f"{path}: unknown setting {key!r}{hint}")
     try:
         return replace(base, **values)
     except UserError as e:  # a run's settings name their file; a flag's, the flag
-        raise UserError(f"{path}: {e}" if path.name == "config.json" else str(e)) from None
+        raise UserError(f"{path}: {e}" if saved_run else str(e)) from None
 
 
 def parse_args(argv=None, doc: str = "") -> TrainConfig:
@@ -279,27 +279,22 @@ def parse_args(argv=None, doc: str = "") -> TrainConfig:
         text = text[0] or f"the network's (model/gpt.py){weights}"
         help = f"{text} (default: {getattr(base, f.name)})".replace("%", "%%")
         if kind is bool:
-            parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, help=help)
+            how = dict(action=argparse.BooleanOptionalAction)
         elif get_origin(kind) is Literal:
-            parser.add_argument(flag(f.name), choices=get_args(kind), help=help)
+            how = dict(choices=get_args(kind))
         else:
-            parser.add_argument(flag(f.name), type=kind, metavar=kind.__name__.upper(), help=help)
+            how = dict(type=kind, metavar=kind.__name__.upper())
+        parser.add_argument(flag(f.name), help=help, **how)
     typed = vars(parser.parse_args(argv))
     typed.pop("config", None)
     cfg = replace(base, **typed)
     saved = cfg.run_dir / "config.json"
-    if cfg.resume and not saved.is_file() and (cfg.run_dir / "ckpt.pt").is_file():
-        raise UserError(
-            f"cannot resume {cfg.run_dir}: its config.json is gone; put it back, or start a new "
-            f"run from its weights with --init-from {cfg.run_dir} --out-dir NEW"
-        )
     if cfg.resume and saved.is_file():
         run = replace(load_config(str(saved)), **typed)
         # A preset names the run's folder; a file's settings would be ignored, so must be the run's.
         # the folder's, chosen at start-up, the data's, this command's
         mine = ("out_dir", "threads", "vocab_size", "resume")
-        other = [f.name for f in fields(run) if f.name not in mine]
-        other = [n for n in other if getattr(run, n) != getattr(cfg, n)]
+        other = [n for n, v in asdict(run).items() if n not in mine and v != getattr(cfg, n)]
         if given and (run.name != cfg.name or given not in PRESETS and other):
             raise UserError(
                 f"--resume continues {cfg.run_dir} with its own settings; --config {given} has "
@@ -307,6 +302,11 @@ def parse_args(argv=None, doc: str = "") -> TrainConfig:
                 f"{getattr(run, other[0])}): leave --config out, and give changes as flags"
             )
         cfg = run
+    elif cfg.resume and (cfg.run_dir / "ckpt.pt").is_file():
+        raise UserError(
+            f"cannot resume {cfg.run_dir}: its config.json is gone; put it back, or start a new "
+            f"run from its weights with --init-from {cfg.run_dir} --out-dir NEW"
+        )
     if cfg.eval_only and "hellaswag_interval" in typed:
         raise UserError("--eval-only scores HellaSwag once: leave --hellaswag-interval out")
     if cfg.resume and "init_from" in typed:

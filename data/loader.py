@@ -21,9 +21,9 @@ def write_tokens(path, chunks, vocab_size: int) -> int:
     """Write the arrays of ids in chunks to path, one after the other; return how many ids."""
     dtype = np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
     with open(path, "wb") as f:
-        f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, 0))  # the count is known at the end
+        f.seek(HEADER.size)  # the header goes in once the count is known, at the end
         for chunk in chunks:
-            f.write(np.asarray(chunk, dtype).tobytes())
+            np.asarray(chunk, dtype).tofile(f)
         count = (f.tell() - HEADER.size) // dtype.itemsize
         f.seek(0)
         f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, count))

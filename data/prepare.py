@@ -58,9 +58,10 @@ def sha256(paths) -> str:
     return h.hexdigest()
 
 
-def write_text(text: str, tokenizer: str, folder: Path, val_fraction: float):
-    """One text into folder/train.bin and val.bin, split by characters as nanoGPT splits it.
+def write_text(path, tokenizer: str, folder: Path, val_fraction: float):
+    """One text file into folder/train.bin and val.bin, split by characters as nanoGPT splits it.
     Returns (the tokenizer, a char one of the text's characters; the token counts)."""
+    text = utf8(Path(path).read_bytes(), path)
     tok = CharTokenizer("".join(sorted(set(text)))) if tokenizer == "char" else GPT2Tokenizer()
     cut = int(len(text) * (1 - val_fraction))
     counts = {}
@@ -82,7 +83,7 @@ def write_documents(read, tokenizer: str, folder: Path, val_fraction: float, qui
         tok = CharTokenizer("".join(sorted(chars)))
     else:
         tok = GPT2Tokenizer()
-    separator = np.array([tok.eot_id] if tok.eot_id is not None else tok.encode("\n\n"))
+    separator = tok.encode_array("\n\n") if tok.eot_id is None else [tok.eot_id]
     hasher = hashlib.sha256()
 
     def encoded():
@@ -101,9 +102,9 @@ def write_documents(read, tokenizer: str, folder: Path, val_fraction: float, qui
     tokens = read_tokens(stream)
     tail = (tokens[i : i + 2**24] for i in range(cut, count, 2**24))
     val = write_tokens(folder / "val.bin", tail, tok.vocab_size)
+    itemsize = tokens.itemsize
     del tokens, tail  # the memory map, before the file under it shrinks
     with open(stream, "r+b") as f:  # train.bin keeps the stream's first `cut` tokens: no copy
-        itemsize = 2 if tok.vocab_size <= 2**16 else 4
         f.write(HEADER.pack(MAGIC, VERSION, itemsize, cut))
         f.truncate(HEADER.size + cut * itemsize)
     return tok, {"train": cut, "val": val}, hasher.hexdigest()
@@ -133,7 +134,8 @@ def prepare(
         raise UserError(f"--val-fraction {val_fraction}: give a share between 0 and 1")
     one_text = text if text and Path(text).is_file() else CORPUS if name in PRESETS else None
     tokenizer = tokenizer or PRESETS.get(name, "gpt2")
-    name = name or Path(text or files[0] if text or files else hf).name.split(".")[0]
+    given = one_text or text or (files or [hf])[0]  # the source: a file, folder or dataset
+    name = name or Path(given).name.split(".")[0]
     if not name or name.startswith(".") or "/" in name:
         raise UserError(f"{name!r} cannot name a dataset's folder; give a name such as mycorpus")
     out = Path(root) / name
@@ -141,7 +143,7 @@ def prepare(
     # the source: a text, a folder of text files, or (data/sources.py) data files or a dataset;
     # the sha256 of a local one's bytes tells whether the dataset already holds it
     if one_text:
-        source, hashed, read = {"text": str(one_text)}, sha256([one_text]), None
+        source, hashed = {"text": str(one_text)}, sha256([one_text])
     elif text:
         # glob follows a symlinked folder, where Path.rglob (before Python 3.13) skips it
         found = glob.glob(os.path.join(glob.escape(text), "**", "*.txt"), recursive=True)
@@ -170,7 +172,7 @@ def prepare(
     # Another source or tokenizer under the same name is not taken for an edit of the same text:
     # the runs trained on the dataset could not resume.
     old = read_manifest(out) if saved.is_file() and name not in PRESETS and not force else want
-    if (old["source"], old["tokenizer"]) != (want["source"], want["tokenizer"]):
+    if (old["source"], old["tokenizer"]) != (source, tokenizer):
         raise UserError(
             f"{out} holds dataset {name} of other text or another tokenizer; give --force to "
             "replace it (its runs can then not resume), or another name"
@@ -190,14 +192,12 @@ def prepare(
             return out
         with replacing(out) as tmp:
             tmp.mkdir()
-            if read is None:
-                text = utf8(Path(one_text).read_bytes(), one_text)
-                tok, counts = write_text(text, tokenizer, tmp, val_fraction)
+            if one_text:
+                tok, counts = write_text(one_text, tokenizer, tmp, val_fraction)
             else:
                 tok, counts, docs_hash = write_documents(read, tokenizer, tmp, val_fraction, quiet)
                 hashed = hashed or docs_hash
             if not (counts["train"] and counts["val"]):
-                given = one_text or text or (files or [hf])[0]
                 raise UserError(f"{given}: too little text for a train and a val split; give more")
             chars = getattr(tok, "chars", None)
             manifest = want | dict(name=name, vocab_size=tok.vocab_size, sha256=hashed, chars=chars)
@@ -227,9 +227,10 @@ def read_manifest(folder) -> dict:
 
 def dataset_dir(name: str, root: str, quiet: bool = False) -> Path:
     """Where dataset `name` is: a preset is prepared on first use, any other must be already."""
+    prepared = Path(root, name, "manifest.json").is_file()
     if name in PRESETS:  # a run says nothing of a dataset prepared before
-        return prepare(name, root=root, quiet=quiet or Path(root, name, "manifest.json").is_file())
-    if not (Path(root, name) / "manifest.json").is_file():
+        return prepare(name, root=root, quiet=quiet or prepared)
+    if not prepared:
         how = f"python -m data.prepare {name} --text FILE (or --files, --hf)"
         near = difflib.get_close_matches(name, PRESETS, 1)
         hint = f"did you mean {near[0]}? " if near else ""
@@ -257,16 +258,21 @@ def main(argv=None) -> None:
     p.add_argument("--streaming", action="store_true", help="read a hub dataset as it downloads")
     p.add_argument("--tokenizer", choices=("char", "gpt2"), help="default: the preset's, else gpt2")
     p.add_argument("--val-fraction", type=float, default=0.1, help="the share held out for val")
-    p.add_argument("--out-root", default="data/prepared", help="where <name>/ is written")
+    p.add_argument(
+        "--out-root",
+        dest="root",
+        metavar="OUT_ROOT",
+        default="data/prepared",
+        help="where <name>/ is written",
+    )
     p.add_argument("--force", action="store_true", help="prepare it again, even if up to date")
     p.add_argument("--quiet", action="store_true", help="no progress bars or summary")
-    args = vars(p.parse_args(argv))
-    root, name = args.pop("out_root"), args.pop("name")
-    if not (args["files"] or args["hf"]) and args["text_column"] != "text":
+    args = p.parse_args(argv)
+    if not (args.files or args.hf) and args.text_column != "text":
         raise UserError("--text-column is for --files and --hf; drop it")
-    if not args["hf"] and (args["subset"] or args["split"] != "train" or args["streaming"]):
+    if not args.hf and (args.subset or args.split != "train" or args.streaming):
         raise UserError("--subset, --split and --streaming are for --hf; drop them")
-    prepare(name, root=root, **args)
+    prepare(**vars(args))
 
 
 if __name__ == "__main__":

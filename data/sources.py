@@ -19,9 +19,9 @@ def column(load, name: str, where: str):
     try:
         for batch in load().iter(batch_size=1024):
             if name not in batch:
-                columns = ", ".join(batch)
                 raise UserError(
-                    f"{where} has no column {name!r} ({columns}); pick one with --text-column"
+                    f"{where} has no column {name!r} ({', '.join(batch)}); "
+                    "pick one with --text-column"
                 )
             for text in filter(None, batch[name]):
                 if not isinstance(text, str):
@@ -48,8 +48,9 @@ def documents(files=None, hf=None, subset=None, split="train", text_column="text
     datasets.disable_progress_bars()  # data.prepare shows its own, after the source is checked
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors are ours to say
     if files:
-        if missing := [f for f in files if not Path(f).is_file()]:
-            raise UserError(f"--files {missing[0]}: not a file")
+        for f in files:
+            if not Path(f).is_file():
+                raise UserError(f"--files {f}: not a file")
         # A file's format is its suffix, less a compression's: x.jsonl.gz is json.
         suffixes = {
             Path(f.removesuffix(Path(f).suffix) if f.endswith(COMPRESSED) else f).suffix
@@ -89,5 +90,9 @@ def documents(files=None, hf=None, subset=None, split="train", text_column="text
         raise
     except Exception as e:
         raise UserError(f"cannot read --hf {hf}: {str(e).splitlines()[0]}") from None
-    source = {"hf": hf, "subset": subset, "split": split, "text_column": text_column}
-    return lambda: column(load, text_column, hf), source
+    return lambda: column(load, text_column, hf), {
+        "hf": hf,
+        "subset": subset,
+        "split": split,
+        "text_column": text_column,
+    }

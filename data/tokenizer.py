@@ -62,7 +62,7 @@ class GPT2Tokenizer:
         return self.enc.encode_ordinary(text)
 
     def encode_array(self, text: str) -> np.ndarray:
-        return np.array(self.enc.encode_ordinary(text))
+        return np.array(self.encode(text))
 
     def decode(self, ids) -> str:
         return self.enc.decode(ids)  # half a character's bytes decode as U+FFFD

@@ -32,10 +32,8 @@ def shape_walk(model: GPT, batch_size: int = 1, seq_len: int = 0) -> str:
         shape = str(tuple(output.shape))
         lines.append(f"{indent + name:<30} {type(module).__name__:<20} {shape:<20} {params:>12,}")
         if name.endswith("c_attn"):  # the split into heads happens inside the attention's forward
-            heads = (batch_size, c.n_head, T, hs)
-            lines.append(
-                f"{indent}split into q, k, v: (B, T, C) -> 3 x (B, nh, T, hs) = 3 x {heads}"
-            )
+            heads = f"3 x {(batch_size, c.n_head, T, hs)}"
+            lines.append(f"{indent}split into q, k, v: (B, T, C) -> 3 x (B, nh, T, hs) = {heads}")
 
     names = {}  # modules with a row: no dropout or container, nor the insides of blocks past h.0
     for name, module in model.named_modules():

@@ -77,9 +77,7 @@ class CausalSelfAttention(nn.Module):
         if self.explicit and T > 1:  # one query (decoding) is one call in SDPA, six spelled out
             # (B, nh, T, hs) @ (B, nh, hs, Tk) -> (B, nh, T, Tk)
             att = q @ k.transpose(-2, -1) / math.sqrt(k.size(-1))
-            if mask is not None or causal:
-                hidden = ~mask if mask is not None else self.future[:T, :T]
-                att = att.masked_fill(hidden, float("-inf"))
+            att = att.masked_fill(self.future[Tk - T : Tk, :Tk], float("-inf"))  # the future
             att = self.attn_dropout(F.softmax(att.float(), dim=-1).type_as(q))
             y = att @ v  # (B, nh, T, Tk) @ (B, nh, Tk, hs) -> (B, nh, T, hs)
         else:
@@ -231,8 +229,9 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         return logits.argmax(-1)
     # From the top logit down, and never over 0: a tiny temperature sends the rest to -inf, not nan.
     logits = logits.float()
-    tiny = torch.finfo(torch.float32).tiny
-    logits = (logits - logits.amax(-1, keepdim=True)) / max(temperature, tiny)
+    logits = (logits - logits.amax(-1, keepdim=True)) / max(
+        temperature, torch.finfo(torch.float32).tiny
+    )
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k).values[:, [-1]]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -11,7 +11,7 @@ import torch
 
 from configs import ArgumentParser, UserError, replacing, run
 
-from .checkpoint import load_checkpoint, model_from
+from .checkpoint import checkpoint_file, load_checkpoint, model_from
 from .gpt import GPT, GPTConfig
 
 # Our parameter names are GPT-2's; only its Conv1D weights are stored (in, out), where Linear's are
@@ -58,20 +58,21 @@ def load_gpt2(name: str, dropout: float = 0.0) -> tuple[GPT, dict]:
                 state |= load_file(file)
             else:
                 state |= torch.load(file, map_location="cpu", weights_only=True)
-        config = GPTConfig(
-            hf["vocab_size"],
-            hf.get("n_positions", 1024),
-            hf["n_layer"],
-            hf["n_head"],
-            hf["n_embd"],
-            dropout,
-            tie_weights=hf.get("tie_word_embeddings", True),
-            # another activation would load and give other logits: a KeyError names it
-            activation={"gelu_new": "gelu", "gelu": "gelu_exact"}[
-                hf.get("activation_function", "gelu_new")
-            ],
+        model = GPT(
+            GPTConfig(
+                hf["vocab_size"],
+                hf.get("n_positions", 1024),
+                hf["n_layer"],
+                hf["n_head"],
+                hf["n_embd"],
+                dropout,
+                tie_weights=hf.get("tie_word_embeddings", True),
+                # another activation would load and give other logits: a KeyError names it
+                activation={"gelu_new": "gelu", "gelu": "gelu_exact"}[
+                    hf.get("activation_function", "gelu_new")
+                ],
+            )
         )
-        model = GPT(config)
         # GPT-2's transformer keys come with or without "transformer."; old ones with its masks.
         ours = {}
         for key, tensor in state.items():
@@ -93,7 +94,7 @@ def load_weights(name: str, dropout: float = 0.0) -> tuple[GPT, dict]:
     """--init-from NAME: (the model, the manifest of its data) of a run folder or .pt file of ours,
     else of a Hugging Face GPT-2 folder or hub id."""
     path = Path(name)
-    if path.suffix == ".pt" or (path / "ckpt.pt").is_file() or (path / "best.pt").is_file():
+    if path.suffix == ".pt" or checkpoint_file(path).is_file():
         checkpoint = load_checkpoint(path)
         return model_from(checkpoint, dropout), checkpoint["manifest"]
     if name.startswith(("/", ".", "~")) and not path.exists():  # a path, not a hub id
@@ -133,11 +134,16 @@ def export(run_dir: str, out: str) -> Path:
         # The tied lm_head is left out (transformers ties it again), and so are a padded embedding's
         # extra rows.
         state = {
-            k: (v.t() if k.endswith(CONV1D) else v[:vocab] if "wte" in k or "lm_head" in k else v)
+            k: (
+                v.t().contiguous()
+                if k.endswith(CONV1D)
+                else v[:vocab]
+                if "wte" in k or "lm_head" in k
+                else v
+            )
             for k, v in model.state_dict().items()
             if not (k == "lm_head.weight" and c.tie_weights)
         }
-        state = {k: v.contiguous() for k, v in state.items()}
         (tmp / "model.safetensors").write_bytes(save(state, metadata={"format": "pt"}))
         eot = 50256 if manifest["tokenizer"] == "gpt2" else None
         config = {
@@ -157,6 +163,11 @@ def export(run_dir: str, out: str) -> Path:
             "eos_token_id": eot,
         }
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        tokenizer_config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": c.block_size,
+            "clean_up_tokenization_spaces": False,
+        }
         if eot is None:  # a token per character, joined back without spaces
             # A character outside the vocabulary is refused, as ours refuses it: "[UNK]" is none.
             chars = manifest["chars"]
@@ -171,14 +182,9 @@ def export(run_dir: str, out: str) -> Path:
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
             tok.decoder = decoders.ByteLevel()
             tok.add_special_tokens(["<|endoftext|>"])
+            specials = ("bos_token", "eos_token", "unk_token")
+            tokenizer_config |= dict.fromkeys(specials, "<|endoftext|>")  # all three: end-of-text
         tok.save(str(tmp / "tokenizer.json"))
-        specials = dict.fromkeys(("bos_token", "eos_token", "unk_token"), "<|endoftext|>")
-        tokenizer_config = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "model_max_length": c.block_size,
-            "clean_up_tokenization_spaces": False,
-            **(specials if eot else {}),
-        }
         (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
         (tmp / "manifest.json").write_text(json.dumps(manifest))
     return out

@@ -6,7 +6,7 @@ import torch
 
 
 @torch.no_grad()
-def orthogonalize(update: torch.Tensor, dtype: torch.dtype, steps: int = 4) -> torch.Tensor:
+def orthogonalize(update: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """About U V^T for each matrix of a batch update = U S V^T: Newton-Schulz steps bring every
     singular value near 1, in a low precision where the hardware has one. Four steps train small as
     well as the usual five, and a Muon step takes a fifth less time (docs/performance.md)."""
@@ -15,7 +15,7 @@ def orthogonalize(update: torch.Tensor, dtype: torch.dtype, steps: int = 4) -> t
     if tall := x.size(-2) > x.size(-1):  # the wide side up: x @ x^T is then the smaller product
         x = x.mT
     x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # singular values <= 1: it converges there
-    for _ in range(steps):
+    for _ in range(4):
         gram = x @ x.mT
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return (x.mT if tall else x).to(update.dtype)
@@ -34,7 +34,9 @@ class Muon(torch.optim.Optimizer):
     def step(self):
         for group in self.param_groups:
             lr, momentum, updates = group["lr"], group["momentum"], {}
-            for p in (p for p in group["params"] if p.grad is not None):
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
                 if not self.state[p]:
                     self.state[p]["momentum_buffer"] = torch.zeros_like(p)
                 buf = self.state[p]["momentum_buffer"]
@@ -70,9 +72,10 @@ def lr_factor(step: int, cfg, progress: float) -> float:
     by `progress`, the share of the run done (by steps, or by the clock under --max-time)."""
     if step < cfg.warmup_iters:
         return (step + 1) / (cfg.warmup_iters + 1)
-    floor, progress = cfg.min_lr / cfg.lr if cfg.lr else 0.0, min(max(progress, 0.0), 1.0)
     if cfg.lr_schedule == "constant":
         return 1.0
+    floor = cfg.min_lr / cfg.lr if cfg.lr else 0.0
+    progress = min(max(progress, 0.0), 1.0)
     if cfg.lr_schedule == "wsd":  # flat, then straight down to the floor over the last decay_frac
         return 1.0 - max(0.0, progress - (1 - cfg.decay_frac)) / cfg.decay_frac * (1.0 - floor)
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - floor)

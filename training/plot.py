@@ -10,7 +10,8 @@ def plot_losses(run_dir: Path) -> None:
     from matplotlib.figure import Figure  # a Figure of its own needs no window system, nor closing
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    ax = (fig := Figure(figsize=(7, 4.5))).subplots()
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for key, style, label in (
         ("loss", "-", "train (running)"),
         ("train_loss", "o-", "train"),

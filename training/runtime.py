@@ -37,9 +37,8 @@ def idle_cores() -> int:
     try:
         cpus = os.sched_getaffinity(0)
 
-        def busy() -> (
-            int
-        ):  # the clock ticks these cores have spent working since the machine started
+        # the clock ticks these cores have spent working since the machine started
+        def busy():
             with open("/proc/stat") as f:
                 rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
             return sum(
@@ -71,8 +70,10 @@ def setup(cfg) -> Runtime:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
         torch.set_float32_matmul_precision("high")  # TF32 matmuls: nearly free speed from Ampere on
-        capable = torch.cuda.get_device_capability() >= (7, 0)
-        compiles = capable and importlib.util.find_spec("triton") is not None
+        compiles = (
+            torch.cuda.get_device_capability() >= (7, 0)
+            and importlib.util.find_spec("triton") is not None
+        )
     if device == "cpu":
         # A thread per core that others leave idle: OpenMP's threads spin while they wait for each
         # other, so one on a busy core slows every step. OMP_NUM_THREADS or --threads overrides it.
@@ -87,10 +88,9 @@ def setup(cfg) -> Runtime:
         # keep it alive into the interpreter's exit, where gloo's threads can abort a finished job.
         import torch.distributed.nn as _  # noqa: F401
 
-        timeout = datetime.timedelta(seconds=cfg.ddp_timeout)
         torch.distributed.init_process_group(
             "nccl" if gpu else "gloo",
-            timeout=timeout,
+            timeout=datetime.timedelta(seconds=cfg.ddp_timeout),
             device_id=torch.device(device) if gpu else None,
         )
     torch.manual_seed(cfg.seed + rank)
@@ -108,9 +108,21 @@ def summed(totals: torch.Tensor, stopped: bool, rt) -> torch.Tensor | None:
 
 # Dense bfloat16 tensor-core FLOP/s (float16 before Ampere) of common GPUs, by a part of their
 # name, longer names first: model FLOPs utilization's denominator.
-PEAK_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "B200": 2250e12}
-PEAK_FLOPS |= {"A100": 312e12, "A10G": 70e12, "A10": 125e12, "L40S": 362e12, "L4": 121e12}
-PEAK_FLOPS |= {"4090": 165e12, "3090": 71e12, "T4": 65e12, "V100": 125e12}
+PEAK_FLOPS = {
+    "H100 PCIe": 756e12,
+    "H100": 989e12,
+    "H200": 989e12,
+    "B200": 2250e12,
+    "A100": 312e12,
+    "A10G": 70e12,
+    "A10": 125e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "4090": 165e12,
+    "3090": 71e12,
+    "T4": 65e12,
+    "V100": 125e12,
+}
 
 
 def peak_flops(device: str) -> float:

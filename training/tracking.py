@@ -12,19 +12,17 @@ def start_wandb(cfg, settings: dict, run_id: str):
         import wandb
 
         online = "WANDB_MODE" in os.environ or wandb.login(prompt=False, verify=False)
-        folder = os.environ.get("WANDB_DIR", str(cfg.run_dir))
         return wandb.init(
             project=os.environ.get("WANDB_PROJECT", "gpt"),
             name=cfg.name,
-            dir=folder,
+            dir=os.environ.get("WANDB_DIR", str(cfg.run_dir)),
             config=settings,
             mode=None if online else "offline",
             id=run_id or None,
             resume="allow",
         )
     except Exception as e:  # no network, a bad WANDB_MODE...: what was asked for cannot be done
-        why = str(e).splitlines()[0]
         raise UserError(
-            f"--wandb: wandb did not start ({why}); fix that, or run with "
+            f"--wandb: wandb did not start ({str(e).splitlines()[0]}); fix that, or run with "
             "WANDB_MODE=offline, or without --wandb"
         ) from None
