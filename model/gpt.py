@@ -229,9 +229,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         return logits.argmax(-1)
     # From the top logit down, and never over 0: a tiny temperature sends the rest to -inf, not nan.
     logits = logits.float()
-    logits = (logits - logits.amax(-1, keepdim=True)) / max(
-        temperature, torch.finfo(torch.float32).tiny
-    )
+    tiny = torch.finfo(torch.float32).tiny
+    logits = (logits - logits.amax(-1, keepdim=True)) / max(temperature, tiny)
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k).values[:, [-1]]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -90,7 +90,7 @@ def test_a_token_file_is_a_header_then_uint16_or_uint32_ids_and_a_damaged_one_is
         assert isinstance(tokens, np.memmap) and tokens.tolist() == ids  # of size bytes each
     with pytest.raises(ValueError, match="read-only"):
         tokens[0] = 1
-    with pytest.raises(TypeError):  # a write that dies midway: its header still counts no ids
+    with pytest.raises(TypeError):  # a write that dies midway leaves no header: refused below
         write_tokens("t.bin", [[7], None], 65)
     assert os.path.getsize("t.bin") == 34
     for damaged in [
