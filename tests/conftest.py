@@ -159,10 +159,11 @@ def in_process(main, *argv) -> subprocess.CompletedProcess:
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
     """The `error:` line of a script that failed as a user's mistake: exit 2, no traceback, and one
     line that starts with `error: `."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    tail = proc.stderr[-2000:]  # what a failure shows
+    assert proc.returncode == 2, (proc.returncode, tail)
+    assert "Traceback" not in proc.stderr, tail
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, proc.stderr[-2000:]
+    assert len(errors) == 1, tail
     return errors[0]
 
 
@@ -198,12 +199,7 @@ def hf_tiny(tie: bool = True, vocab: int = 37, **kw):
         n_embd=16,
         n_layer=2,
         n_head=2,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
         tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=None,
         **kw,
     )
     model = transformers.GPT2LMHeadModel(config).eval()

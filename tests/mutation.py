@@ -24,12 +24,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parent.parent)
-)  # the project, for test_layout's imports
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the project, for test_layout's imports
 from test_layout import tracked  # noqa: E402  the project's files, as git would list them
 
-ROOT = Path(__file__).resolve().parent.parent
 # The core: the model package, the optimizer and schedule, sampling, the batches, the tokenizers
 # and the HellaSwag scorer.
 CORE = [
@@ -139,21 +137,20 @@ def main() -> int:
     if shutil.which("mutmut") is None:
         sys.exit("mutmut is not installed: pip install mutmut==3.8.1")
     t0 = time.time()
-    run = ["mutmut", "run", "--max-children", str(args.jobs)]
-    if (
-        args.again or args.update
-    ):  # mutmut keeps every verdict: bring the copy up to date, retest what is asked
+    # mutmut keeps every verdict: bring the copy up to date, retest what is asked
+    if args.again or args.update:
         names = args.only or (score(args.work)["survived"] if args.again else [])
         update_copy(args.work)
-        subprocess.run(run + names, cwd=args.work)
     else:
+        names = args.only
         write_copy(args.work)
-        subprocess.run(run + args.only, cwd=args.work)
+    subprocess.run(["mutmut", "run", "--max-children", str(args.jobs), *names], cwd=args.work)
     result = score(args.work)
+    survived = result.pop("survived")
     result["seconds"] = round(time.time() - t0)
-    print(json.dumps({k: v for k, v in result.items() if k != "survived"}))
-    print(f"{len(result['survived'])} survivors (mutmut show NAME in {args.work} for each diff):")
-    for name in result["survived"]:
+    print(json.dumps(result))
+    print(f"{len(survived)} survivors (mutmut show NAME in {args.work} for each diff):")
+    for name in survived:
         print(f"| {name} | `{changed_line(args.work, name)}` |")
     return 0
 

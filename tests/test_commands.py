@@ -19,6 +19,7 @@ import sys
 
 import pytest
 from conftest import ROOT, hf_tiny, pytest_xdist_auto_num_workers
+from test_config import write  # a file, in folders made as needed
 
 from configs import parse_args
 
@@ -102,13 +103,9 @@ def workdir(tmp_path_factory):
     out/small_learned), the datasets, and the files the examples name."""
     work = tmp_path_factory.mktemp("work")
     corpus = (ROOT / "data/corpora/tinyshakespeare/input.txt").read_text()[:20000]
-    for name, text in {
-        "book.txt": corpus,
-        "corpus/a.txt": corpus,
-        "runs/mine.toml": "base = 'small'",
-    }.items():
-        (work / name).parent.mkdir(exist_ok=True)
-        (work / name).write_text(text)
+    write(work / "book.txt", corpus)
+    write(work / "corpus/a.txt", corpus)
+    write(work / "runs/mine.toml", "base = 'small'")
     (work / "docs.jsonl.gz").write_bytes(gzip.compress(json.dumps({"body": corpus}).encode()))
     # beside corpus/a.txt, read once and alone: a folder named as a text, a broken link, a loop
     (work / "corpus/x.txt").mkdir()

@@ -31,16 +31,18 @@ def refused(arg, read=parse):
     return str(e.value)
 
 
-def write(path, text):
-    """Writes a file, and the folders it is in."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text)
+def write(path, data):
+    """The text (as UTF-8) or bytes in the file at path, in folders made as needed."""
+    (p := Path(path)).parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path
 
 
 @pytest.fixture(autouse=True)
 def elsewhere(tmp_path, monkeypatch):
-    """Relative run folders (out/tiny/config.json, read by --resume) resolve in an empty folder,
-    not in the repository, where a user's runs may be."""
+    """Each test runs in an empty folder of its own (test_data.py's too): relative paths, such as
+    run folders (out/tiny/config.json, read by --resume), resolve there, not in the repository,
+    where a user's runs may be."""
     monkeypatch.chdir(tmp_path)
 
 

@@ -3,7 +3,6 @@
 Each test runs in a temporary folder of its own: the paths it gives are relative to it."""
 
 import os
-import re
 import struct
 import threading
 from functools import partial
@@ -13,8 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import in_process, one_error_line
+from conftest import in_process, one_error_line, rows
 from filelock import FileLock
+from test_config import elsewhere, write  # noqa: F401  elsewhere: each test in a folder of its own
 
 from configs import UserError
 from data.loader import Batches, eval_batches, read_tokens, write_tokens
@@ -24,18 +24,6 @@ from data.tokenizer import CharTokenizer, GPT2Tokenizer, tokenizer
 DOCS = ["First document.\nIt has two lines.", "Second: café, naïve — ünïcödé!", "third"]
 TEXT = "".join(f"{doc}\n\n" for doc in DOCS)  # as the char tokenizer's stream holds them
 char = partial(prepare, tokenizer="char", root="out", quiet=True)
-
-
-@pytest.fixture(autouse=True)
-def in_tmp_path(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-
-
-def write(path, data):
-    """The bytes in the file at path, in folders made as needed."""
-    (p := Path(path)).parent.mkdir(parents=True, exist_ok=True)
-    p.write_bytes(data)
-    return path
 
 
 def refused(message, *args, call=char, **kwargs):
@@ -186,7 +174,7 @@ def test_a_text_file_is_named_by_its_stem_split_by_characters_and_replaced_only_
             **{"text": "book.v2.txt"} | other,
         )
         assert tree(folder) == before
-    write("book.v2.txt", text.upper().encode())  # an edit, other bytes: prepared again
+    write("book.v2.txt", text.upper())  # an edit, other bytes: prepared again
     assert decoded(char(text="book.v2.txt")) == text.upper()
 
     before, other = tree(folder), partial(char, text="other/book.txt", force=True)
@@ -222,11 +210,18 @@ def test_a_text_file_is_named_by_its_stem_split_by_characters_and_replaced_only_
     assert tree("out") == before
 
 
-FORMATS = "folder char, folder gpt2, txt char, jsonl gpt2, json char, csv char, parquet char, \
-jsonl.gz char, hf char"
+FORMATS = """folder char
+folder gpt2
+txt char
+jsonl gpt2
+json char
+csv char
+parquet char
+jsonl.gz char
+hf char"""
 
 
-@pytest.mark.parametrize("fmt, kind", [case.split() for case in FORMATS.split(", ")])
+@pytest.mark.parametrize("fmt, kind", rows(FORMATS, " "))
 def test_documents_are_each_encoded_then_a_separator_into_a_stream_split_by_tokens(
     fmt, kind, network_calls
 ):
@@ -241,7 +236,7 @@ def test_documents_are_each_encoded_then_a_separator_into_a_stream_split_by_toke
         write("corpus/notes.md", b"not a .txt file")
         source = {"text": "corpus"}
     elif fmt == "txt":
-        source = {"files": [write(f"d{i}.txt", doc.encode()) for i, doc in enumerate(DOCS)]}
+        source = {"files": [write(f"d{i}.txt", doc) for i, doc in enumerate(DOCS)]}
     elif fmt == "hf":  # a saved dataset of splits, of which train is read unless --split says
         from datasets import Dataset, DatasetDict
 
@@ -318,11 +313,10 @@ def test_a_file_that_is_not_utf8_is_refused_whatever_its_name(data, likely, wher
     refused(f"{named} is not UTF-8 ({likely}); save it as UTF-8", **source)
 
 
-# python -m data.prepare ARGV => its one line, after `error: `. A preset's name is for no other
-# source.
-MISTAKES = """
-=> name a preset (shakespeare_char, shakespeare), or give --text, --files or --hf and a \
-name that is not a preset's
+# python -m data.prepare ARGV => its one line, after `error: ` (the first: no ARGV). A preset's
+# name is for no other source.
+MISTAKES = """ => name a preset (shakespeare_char, shakespeare), or give --text, --files or --hf \
+and a name that is not a preset's
 shakespeare --text t.txt => name a preset (shakespeare_char, shakespeare), or give --text, \
 --files or --hf and a name that is not a preset's
 shakespeare_char --files t.txt => name a preset (shakespeare_char, shakespeare), or give \
@@ -347,9 +341,7 @@ maybe compressed
 """
 
 
-@pytest.mark.parametrize(
-    "argv, message", [re.split(" *=> *", x) for x in MISTAKES.strip().splitlines()]
-)
+@pytest.mark.parametrize("argv, message", rows(MISTAKES, " => "))
 def test_a_mistake_is_one_error_line_before_anything_is_written(argv, message):
     for name in "t.txt docs.jsonl docs.csv docs.xml".split():
         write(name, b"hello world\n" * 50)
@@ -372,10 +364,10 @@ def test_a_steps_rows_are_numpys_draw_from_seed_0_step_whatever_the_processes():
     """The draw of earlier versions, pinned: default_rng([seed, 0, step]) over every window.
     Micro-step m of process r takes rows [m, r] of it."""
     write_tokens("t.bin", [range(3000)], 3000)  # a token's id is its place
-    for seed, block, rows in (0, 8, 1), (7, 16, 64), (1234, 1, 3):
+    for seed, block, batch_size in (0, 8, 1), (7, 16, 64), (1234, 1, 3):
         for step in 5000, 0, 1, 0:  # in any order, and again: as a run resumed in a new process
-            start = np.random.default_rng([seed, 0, step]).integers(0, 3000 - block, rows)
-            assert xs(Batches("t.bin", block, rows, 1, 0, 1, seed, "cpu")(step)) == [
+            start = np.random.default_rng([seed, 0, step]).integers(0, 3000 - block, batch_size)
+            assert xs(Batches("t.bin", block, batch_size, 1, 0, 1, seed, "cpu")(step)) == [
                 (start[:, None] + np.arange(block)).tolist()
             ]  # one micro-batch
     whole = torch.tensor(xs(Batches("t.bin", 16, 8, 1, 0, 1, 9, "cpu")(3)))

@@ -10,7 +10,6 @@ import ast
 import pytest
 import torch
 from conftest import rows
-from torch.testing import assert_close
 
 from model.gpt import GPT, GPTConfig, generate, sample_next
 
@@ -134,9 +133,8 @@ def test_draws_follow_the_softmax_over_temperature_of_the_top_k_and_top_p(kept, 
     for _ in range(2):  # the uniforms multinomial takes, but where rounding moves a boundary
         draws = sample_next(LOGITS.half().repeat(20000, 1), *sampling, generator=g)  # in float32
         assert (draws != probs.repeat(20000, 1).multinomial(1, generator=same)[:, 0]).sum() < 20
+    # The frequencies follow: those of multinomial's own draws, but for under 20 of 20000.
     assert set(map(str, draws.tolist())) == set(kept) and draws.dtype == torch.long
-    # the frequencies; atol: 5 standard errors at p = 0.5
-    assert_close(torch.bincount(draws, minlength=5) / 20000, probs / probs.sum(), atol=0.02, rtol=0)
 
 
 def test_top_p_reached_exactly_leaves_out_the_next_token_and_top_k_takes_each_rows_own():
@@ -180,5 +178,5 @@ def test_compiled_decoding_draws_the_same_tokens_as_eager():
 @pytest.mark.cuda
 def test_on_cuda_generate_decodes_the_cpus_greedy_tokens():
     model, idx = tiny_model(), prompts()
-    cpu = run(model, idx, 3 * BLOCK, temperature=0)
-    assert torch.equal(run(model.cuda(), idx.cuda(), 3 * BLOCK, temperature=0).cpu(), cpu)
+    cpu = run(model, idx, 3 * BLOCK, 0)  # greedy
+    assert torch.equal(run(model.cuda(), idx.cuda(), 3 * BLOCK, 0).cpu(), cpu)

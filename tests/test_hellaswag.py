@@ -194,8 +194,16 @@ def test_with_max_time_the_final_eval_scores_too_and_the_run_ends_in_time(
     """Scoring the items takes as long as 80 steps: the estimate of the final eval must count them,
     else the run ends late (on the test's clock: the same on a busy machine)."""
     items = char_items(tmp_path, 100)
-    kw = dict(max_iters=10**6, eval_interval=10**6, max_time=10.0, hellaswag=items)
-    result = train.train(tiny(tmp_path, data_root, **kw))
+    result = train.train(
+        tiny(
+            tmp_path,
+            data_root,
+            max_iters=10**6,
+            eval_interval=10**6,
+            max_time=10.0,
+            hellaswag=items,
+        )
+    )
     assert clock[0] <= 10 and result["step"] > 50
     assert "hellaswag_acc" in result and result["stop_signal"] == 0
 

@@ -21,14 +21,14 @@ pytest.ini pyproject.toml docs benchmarks training .ci .gitignore
 )
 # Modules of features a flag asks for: nothing imports them at its top, so a plain run never loads
 # them, and each can be deleted with its flag.
-OPTIONAL = {
-    "model.hf",  # --init-from a GPT-2, python -m model.hf export
-    "model.textbook",  # the write-ups' attention: the tests' oracle
-    "model.compiled",  # sample.py --compile
-    "training.hellaswag",  # --hellaswag
-    "training.tracking",  # --wandb
-    "data.sources",  # data.prepare --files, --hf, folders
-}
+# model.hf: --init-from a GPT-2, python -m model.hf export; model.textbook: the write-ups'
+# attention, the tests' oracle; model.compiled: sample.py --compile; training.hellaswag:
+# --hellaswag; training.tracking: --wandb; data.sources: data.prepare --files, --hf, folders.
+OPTIONAL = set(
+    """
+model.hf model.textbook model.compiled training.hellaswag training.tracking data.sources
+""".split()
+)
 
 
 def tracked() -> list[str]:
@@ -155,4 +155,4 @@ def test_tokens_are_counted_without_comments_blank_lines_or_docstrings(tmp_path)
     path.write_text(
         '"""Doc."""\n\n# a comment\ndef f(a):\n    """Doc."""\n    return a + "b"  # c\n'
     )
-    assert size.tokens(path) == len('def f ( a ) : return a + "b"'.split())
+    assert size.tokens(path) == 10  # def f ( a ) : return a + "b"

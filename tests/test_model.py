@@ -236,10 +236,10 @@ def test_on_cuda_every_tensor_a_forward_makes_is_on_the_models_device(pos_emb):
     cpu, gpu = m(x)[0], m.cuda()
     assert_close(gpu(x.cuda())[0].cpu(), cpu, atol=1e-3, rtol=0)
     cache = KVCache(gpu.config, 3, "cuda", torch.float32)
-    steps = [gpu(x[:, :8].cuda(), kv_cache=cache)[0]]
-    steps += [gpu(x[:, t : t + 1].cuda(), kv_cache=cache)[0] for t in range(8, 16)]
+    # a prefill of 8 tokens, then one at a time
+    steps = [gpu(x[:, cache.pos : b].cuda(), kv_cache=cache)[0] for b in range(8, 17)]
     assert cache.k.is_cuda and cache.v.is_cuda
-    assert_close(torch.cat(steps, 1).cpu(), m.cpu()(x)[0], atol=1e-3, rtol=0)
+    assert_close(torch.cat(steps, 1).cpu(), cpu, atol=1e-3, rtol=0)
     assert shape_walk(make().cuda(), seq_len=4).endswith(
         "logits (1, 4, 37): a score for each token of the vocabulary, at each position"
     )

@@ -51,13 +51,20 @@ def test_shakespeare_gpu_schedule_warms_up_holds_then_decays_to_zero_at_its_last
     assert all(a > b for a, b in zip(lr[280:], lr[281:]))
 
 
-@pytest.mark.parametrize(
-    "optimizer, gpt2, device, fused",  # gpt2: GPT-2's biases and tied head, or neither
-    [("adamw", True, "cpu", True), ("adamw", False, "cuda:0", True), ("muon", True, "mps", False)],
-)
+# the optimizer, the model (gpt2: GPT-2's biases and tied head; bare: neither), the device, and
+# whether AdamW is fused there
+OPTIMIZERS = """
+adamw gpt2 cpu fused
+adamw bare cuda:0 fused
+muon gpt2 mps unfused
+"""
+
+
+@pytest.mark.parametrize("optimizer, shape, device, fused", rows(OPTIMIZERS, " "))
 def test_matrices_decay_once_vectors_do_not_and_muon_takes_the_blocks_matrices(
-    optimizer, gpt2, device, fused
+    optimizer, shape, device, fused
 ):
+    gpt2 = shape == "gpt2"
     model = GPT(GPTConfig(11, 8, 2, 2, 16, bias=gpt2, tie_weights=gpt2))
     cfg = TrainConfig(
         optimizer=optimizer, weight_decay=0.3, lr=0.004, muon_lr=0.05, beta1=0.8, beta2=0.95
@@ -77,7 +84,8 @@ def test_matrices_decay_once_vectors_do_not_and_muon_takes_the_blocks_matrices(
         (torch.optim.AdamW, 0.004, 0.3, matrices),
         (torch.optim.AdamW, 0.004, 0.0, [n for p, n in names.items() if p.dim() == 1]),
     ] + [(Muon, 0.05, 0.3, hidden)] * (len(hidden) == 8)
-    assert opts[0].defaults["betas"] == (0.8, 0.95) and bool(opts[0].defaults["fused"]) == fused
+    assert opts[0].defaults["betas"] == (0.8, 0.95)
+    assert bool(opts[0].defaults["fused"]) == (fused == "fused")
     # Muon orthogonalizes in the run's autocast dtype, not its bfloat16 default
     assert all(o.defaults["momentum"] == 0.95 and o.dtype == torch.float32 for o in opts[1:])
 

@@ -84,29 +84,31 @@ def sampled(run, argv, n=1):
     return texts
 
 
-# The pieces that pushing a text's ids (or the ids), then None, gives: GPT-2's BPE tokens' with
-# "|" between them, else a character model's (a character each). A BPE token holding part of a
-# character waits for the rest (an empty piece); at the end, what is left of one is a U+FFFD. The
-# stream is done before None where end-of-text or a stop came.
-@pytest.mark.parametrize(
-    "stops, ids, pieces",
-    [
-        ([], "naïve 日本 🤗!", "na|ïve| ||日||本| ||🤗|!"),
-        ([], BPE.encode("naïve 日本")[:6], "na|ïve| ||日||\ufffd"),
-        ([], BPE.encode(" Hello world") + [BPE.eot_id, 262], " Hello| world"),
-        ([], "\n", "\n"),  # a character model has no end-of-text: every id is text
-        # a stop string ends the text just after it, though it spans pushes or starts the text
-        (["o w"], "hello world. more", "hello w"),
-        (["abc"], "abcd", "abc"),
-        (["lo wo"], " hello world again", " hello| wo"),
-        (["b\n"], "ab\nc", "ab\n"),
-        # the earliest of several stops wins
-        (["ld", "wor"], " hello world again", " hello| wor"),
-        (["wor", "ld"], " hello world again", " hello| wor"),
-        (["\n\n", "l"], "ab\n\ncl", "ab\n\n"),
-    ],
-)
+# stops => a text, or ids => the pieces that pushing its ids, then None, gives: GPT-2's BPE tokens'
+# with "|" between them, else a character model's (a character each; it has no end-of-text: every
+# id is text). A BPE token holding part of a character waits for the rest (an empty piece); at the
+# end, what is left of one is a U+FFFD (2616...17312: "naïve 日本" cut inside 本). The stream is
+# done before None where end-of-text (50256, between " Hello world" and " the") or a stop came. A
+# stop string ends the text just after it, though it spans pushes or starts the text; the earliest
+# of several stops wins.
+STREAMS = r"""
+[] => "naïve 日本 🤗!" => "na|ïve| ||日||本| ||🤗|!"
+[] => [2616, 38776, 10545, 245, 98, 17312] => "na|ïve| ||日||\ufffd"
+[] => [18435, 995, 50256, 262] => " Hello| world"
+[] => "\n" => "\n"
+["o w"] => "hello world. more" => "hello w"
+["abc"] => "abcd" => "abc"
+["lo wo"] => " hello world again" => " hello| wo"
+["b\n"] => "ab\nc" => "ab\n"
+["ld", "wor"] => " hello world again" => " hello| wor"
+["wor", "ld"] => " hello world again" => " hello| wor"
+["\n\n", "l"] => "ab\n\ncl" => "ab\n\n"
+"""
+
+
+@pytest.mark.parametrize("stops, ids, pieces", rows(STREAMS, " => "))
 def test_a_text_streams_in_whole_characters_until_its_end_or_first_stop(stops, ids, pieces):
+    stops, ids, pieces = map(ast.literal_eval, (stops, ids, pieces))
     tok, pieces = (BPE, pieces.split("|")) if "|" in pieces else (TOK, [*pieces])
     ids = tok.encode(ids) if isinstance(ids, str) else ids
     stream = sample.TextStream(tok, stops)

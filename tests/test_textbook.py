@@ -6,8 +6,11 @@ against softmax(Q K^T / sqrt(d)) V computed here head by head, and by changing a
 that change are those of the queries that may see it.
 """
 
+import ast
+
 import pytest
 import torch
+from conftest import rows
 from torch.testing import assert_close
 
 from model.textbook import MultiHeadAttention
@@ -16,26 +19,24 @@ SELF = dict(num_heads=2, emb_size=8, head_size=4)
 D2L = dict(num_heads=5, emb_size=100, head_size=20, query_size=10, key_size=20, value_size=30)
 
 
+# MultiHeadAttention's arguments | Tq | Tk: a GPT block's, self attention, one key, d2l's widths
+# 10, 20, 30, causal cross attention with heads of 6
+CONFIGS = """\
+num_heads=8 emb_size=512 head_size=64 causal=True max_seq_len=1024 dropout=0.1 | 20 | 20
+num_heads=2 emb_size=8 head_size=4 | 5 | 5
+num_heads=2 emb_size=8 head_size=4 | 5 | 1
+num_heads=5 emb_size=100 head_size=20 query_size=10 key_size=20 value_size=30 \
+dropout=0.5 bias=False | 4 | 6
+num_heads=2 emb_size=16 head_size=6 causal=True max_seq_len=16 | 5 | 8"""
+
+
 # The forms of mask: none, tril, (Tq,Tk), nothing, (B,1,1,Tk), (B,1,Tq,Tk), lens(B,), lens(B,Tq),
 # mask+lens
 @pytest.mark.parametrize("form", range(9))
-@pytest.mark.parametrize(
-    "kw, Tq, Tk",  # MultiHeadAttention's arguments: a GPT block's, self attention, one key, d2l's
-    [  # widths 10, 20, 30, causal cross attention with heads of 6
-        (
-            dict(
-                num_heads=8, emb_size=512, head_size=64, causal=True, max_seq_len=1024, dropout=0.1
-            ),
-            20,
-            20,
-        ),
-        (SELF, 5, 5),
-        (SELF, 5, 1),
-        (D2L | dict(dropout=0.5, bias=False), 4, 6),
-        (SELF | dict(emb_size=16, head_size=6, causal=True, max_seq_len=16), 5, 8),
-    ],
-)
-def test_attention_is_softmax_qk_v_and_each_query_sees_only_what_it_may(kw, Tq, Tk, form):
+@pytest.mark.parametrize("args, Tq, Tk", rows(CONFIGS))
+def test_attention_is_softmax_qk_v_and_each_query_sees_only_what_it_may(args, Tq, Tk, form):
+    kw = {name: ast.literal_eval(value) for name, value in (a.split("=") for a in args.split())}
+    Tq, Tk = int(Tq), int(Tk)
     causal = "causal" in kw
     torch.manual_seed(0)
     mha = MultiHeadAttention(**kw).eval()

@@ -19,11 +19,13 @@ import pytest
 import torch
 from conftest import ROOT, in_process, rows, script, tiny, tiny_args
 from filelock import FileLock
+from test_config import refused, write  # a UserError's one line; a file, in folders made
+from test_failures import contents  # a folder's files, but the lock a run held
+from test_sample import sample_py  # sample.py's output
 from torch.utils._pytree import tree_map_only
 
-import sample
 import train
-from configs import UserError, parse_args, settings
+from configs import parse_args, settings
 from data.loader import Batches
 from model.checkpoint import load_checkpoint, model_from
 from training.optim import lr_factor
@@ -46,10 +48,6 @@ def read(run, key=None):
 
 def step_of(run):
     return load_checkpoint(run / "ckpt.pt")["state"]["step"]
-
-
-def contents(folder):
-    return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
 def fit(folder, data_root, **fields):
@@ -129,16 +127,14 @@ def test_a_fresh_run_takes_a_killed_runs_folder_and_the_idle_cores_and_logs_the_
     """A run that is alive holds the folder's lock; a killed one leaves its lock file, which no
     process holds then, and what it logged."""
     run = tmp_path / "run"
-    run.mkdir()
-    for name, text in {
-        ".lock": "",
-        "config.json": '{"lr": 1}',
-        "metrics.jsonl": '{"step": 9, "loss": 9}',
-    }.items():
-        (run / name).write_text(text)
+    write(run / ".lock", "")
+    write(run / "config.json", '{"lr": 1}')
+    write(run / "metrics.jsonl", '{"step": 9, "loss": 9}')
     with FileLock(run / ".lock"):  # as a run that is alive holds it
         # a fresh run's refusal: test_failures.py's test_a_run_folder_of_other_files_or_in_use
-        assert "is in use by another run; " in refusal(tmp_path, data_root, resume=True)
+        assert "is in use by another run; " in refused(
+            tiny(tmp_path, data_root, resume=True), train.train
+        )
     monkeypatch.setattr("training.runtime.idle_cores", lambda: 2)
     # lr 0: the first weights stay
     cfg = tiny(
@@ -233,12 +229,6 @@ def test_a_signal_during_an_eval_ends_it_at_once_and_no_step_is_trained_after_it
     assert read(run, "val_loss").keys() == {5} & {step - 5} and step_of(run) == step
 
 
-def refusal(folder, data_root, **fields):
-    with pytest.raises(UserError) as e:
-        fit(folder, data_root, **fields)
-    return str(e.value)
-
-
 def test_a_finished_run_says_where_its_files_are_takes_eval_only_and_init_from_and_resumes(
     tmp_path, data_root, monkeypatch, capsys
 ):
@@ -264,8 +254,8 @@ def test_a_finished_run_says_where_its_files_are_takes_eval_only_and_init_from_a
     # sample.py's best.pt is a link of ckpt.pt (step 20, as the first resume below finds): the
     # final weights, which sample.py goes on with
     assert len(text) == 33
-    more = in_process(sample.main, *f"--out-dir {run} --seed 1337 --max-new-tokens 64".split())
-    assert more.stdout.startswith(text[:-1]) and len(more.stdout) > 33 and text[-1] == "\n"
+    more = sample_py(f"--out-dir {run} --seed 1337 --max-new-tokens 64")
+    assert more.startswith(text[:-1]) and len(more) > 33 and text[-1] == "\n"
     # --eval-only with the run's config.json as --config (wherever the command is typed) scores
     # that run's best.pt on all of val, whatever --eval-iters says
     scored = train.train(
@@ -303,7 +293,7 @@ def test_a_finished_run_says_where_its_files_are_takes_eval_only_and_init_from_a
     assert re.fullmatch(
         r"--max-time 0.5 leaves no time for a step: -?[\d.]+ s of it are left after start-up; "
         "give more",
-        refusal(tmp_path / "short", data_root, max_time=0.5),
+        refused(tiny(tmp_path / "short", data_root, max_time=0.5), train.train),
     )
     assert not (tmp_path / "short" / "run" / "ckpt.pt").exists()
     # a fresh run in a trained run's folder, one in a file, --eval-only of no checkpoint:
@@ -317,7 +307,7 @@ def test_a_finished_run_says_where_its_files_are_takes_eval_only_and_init_from_a
     with monkeypatch.context() as m:
         m.setattr(os, "open", read_only)
         why = f"cannot write in {run} (Permission denied); make it writable to resume it"
-        assert refusal(tmp_path, data_root, resume=True, max_iters=30) == why
+        assert refused(tiny(tmp_path, data_root, resume=True, max_iters=30), train.train) == why
     assert contents(run) == before  # nothing trained, nothing written
 
     # resumes, with 2 idle cores: each keeps the 1 thread the run had
@@ -382,7 +372,7 @@ def test_wandb_offline_writes_under_the_run_folder_and_one_that_cannot_start_is_
     # in this process: a UserError is one line (test_failures.py's
     # test_run_turns_a_mistake_or_out_of_memory_into_one_line_and_ctrl_c_into_130)
     monkeypatch.setenv("WANDB_MODE", "bogus")
-    assert refusal(tmp_path / "bogus", data_root, wandb=True).startswith(
+    assert refused(tiny(tmp_path / "bogus", data_root, wandb=True), train.train).startswith(
         "--wandb: wandb did not start ("
     )
     assert os.listdir(tmp_path / "bogus" / "run") == [".lock"]  # no step trained
