@@ -30,14 +30,9 @@ from test_layout import tracked  # noqa: E402  the project's files, as git would
 
 # The core: the model package, the optimizer and schedule, sampling, the batches, the tokenizers
 # and the HellaSwag scorer.
-CORE = [
-    "model/",
-    "training/optim.py",
-    "sample.py",
-    "data/loader.py",
-    "data/tokenizer.py",
-    "training/hellaswag.py",
-]
+CORE = (
+    "model/ training/optim.py sample.py data/loader.py data/tokenizer.py training/hellaswag.py"
+).split()
 # Mutating the words of a message (a help text, an error's wording) is not a bug a test should
 # catch: lines that only raise, print or hold such text are left alone. Everything else is mutated.
 MESSAGE_LINES = [
@@ -50,7 +45,7 @@ MESSAGE_LINES = [
 # each function in a dispatcher that torch.compile cannot trace), those that start processes
 # (torchrun, the scripts), and the documented commands: minutes each mutant would pay, for code the
 # in-process tests run too. pytest takes the last -m it is given: one expression says all.
-LEFT_OUT = ["test_commands.py", "test_layout.py", "test_failures.py", "test_benchmarks.py"]
+LEFT_OUT = "test_commands.py test_layout.py test_failures.py test_benchmarks.py".split()
 MARKERS = "-mnot cuda and not slow"
 CONFIG = """[mutmut]
 source_paths=
@@ -101,7 +96,7 @@ def update_copy(work: Path) -> None:
 def score(work: Path) -> dict:
     """Counts per status and the names of the survivors, from mutmut's results."""
     out = subprocess.run(
-        ["mutmut", "results", "--all", "true"], cwd=work, capture_output=True, text=True
+        "mutmut results --all true".split(), cwd=work, capture_output=True, text=True
     ).stdout
     status = dict(line.strip().rsplit(": ", 1) for line in out.splitlines() if ": " in line)
     counts = Counter(status.values())

@@ -48,7 +48,7 @@ def elsewhere(tmp_path, monkeypatch):
 
 def test_presets_load_and_name_their_run_folder_and_no_config_is_small():
     presets = sorted(p.stem for p in ROOT.glob("configs/*.toml"))
-    assert PRESETS == presets == ["finetune_gpt2", "gpt2", "shakespeare_gpu", "small", "tiny"]
+    assert PRESETS == presets == "finetune_gpt2 gpt2 shakespeare_gpu small tiny".split()
     for name in PRESETS:
         cfg = load_config(name)
         assert (cfg.name, cfg.out_dir, cfg.run_dir) == (name, "", Path("out", name))
