@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import ROOT, rows, script, tiny, tiny_args
 from test_sample import BPE, TOK  # GPT-2's tokenizer; shakespeare's characters
+from test_train import read  # metrics.jsonl's records
 
 import train
 from configs import UserError
@@ -163,7 +164,7 @@ def test_training_scores_at_each_eval_or_interval_and_the_end_and_eval_only_once
     assert re.search(r"step 2: val_loss .*, hellaswag_items 5 \(best\)\n", capsys.readouterr().out)
     train.train(replace(cfg, max_iters=10, hellaswag_interval=4, resume=True))  # at 8 and 10
     assert reads == [path] * 7  # at each start (its size), and afresh at each score
-    records = [json.loads(line) for line in open(tmp_path / "run/metrics.jsonl")]
+    records = read(tmp_path / "run")
     keys = "hellaswag_acc hellaswag_acc_norm hellaswag_items".split()
     scored = [  # at evals, and nowhere else
         (r["step"], [k for k in r if "hellaswag" in k])

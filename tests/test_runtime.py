@@ -9,7 +9,6 @@ whatever this one is; nothing touches a real GPU.
 
 import ast
 import io
-import json
 import os
 import warnings
 from dataclasses import replace
@@ -18,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import in_process, rows, script, tiny_args
+from test_train import read  # metrics.jsonl's records
 
 import train
 from configs import UserError, cpu_has_bf16, load_config
@@ -274,8 +274,7 @@ def test_the_first_line_and_the_mfu(tmp_path, data_root, monkeypatch, flags, fir
     assert not proc.returncode and proc.stdout.startswith(f"{first_line}\n"), proc.stderr
     # as nanoGPT counts them: 6 a parameter, and 12 x 2 layers x 16 wide x 32 long
     flops = (6 * GPT(TINY.model_config(65)).num_params() + 12288) / 1e9  # a token's, of the peak
-    logged = (tmp_path / "run/metrics.jsonl").read_text().splitlines()
-    steps = [json.loads(line) for line in logged if '"loss"' in line]
+    steps = [r for r in read(tmp_path / "run") if "loss" in r]
     assert len(steps) == 2 and all(
         r["mfu"] == pytest.approx(r["tokens_per_s"] * flops, rel=1e-3, abs=1e-4) for r in steps
     )
