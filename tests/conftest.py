@@ -71,10 +71,12 @@ def cuda_only_where_marked(request, monkeypatch):
 def one_thread(monkeypatch):
     """Tiny models gain nothing from more threads, and on a busy 2-core machine OpenMP's spinning
     threads make them many times slower; a run in this process takes one too, without the 0.2 s
-    that counting the idle cores takes."""
+    that counting the idle cores takes. A run takes as many threads as that finds idle cores, or as
+    --threads says: not what the user's shell exports (OMP_NUM_THREADS)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     monkeypatch.setattr("training.runtime.idle_cores", lambda: 1)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     yield
     torch.set_num_threads(n)
 

@@ -292,21 +292,20 @@ def test_documents_are_each_encoded_then_a_separator_into_a_stream_split_by_toke
     assert network_calls == []
 
 
-@pytest.mark.parametrize(
-    "data, likely",
-    [
-        ("Café crème\n".encode("latin-1"), "Latin-1 or Windows-1252"),
-        # with a byte-order mark; without, valid UTF-8 bytes; with
-        *[
-            ("Plain text\n".encode(e), "UTF-16 or UTF-32")
-            for e in "utf-16 utf-16-le utf-32".split()
-        ],
-    ],
-)
+# a line | its encoding (utf-16 and utf-32 with a byte-order mark; utf-16-le without, its bytes
+# valid UTF-8) | what the refusal says it likely is
+NOT_UTF8 = """Café crème | latin-1 | Latin-1 or Windows-1252
+Plain text | utf-16 | UTF-16 or UTF-32
+Plain text | utf-16-le | UTF-16 or UTF-32
+Plain text | utf-32 | UTF-16 or UTF-32"""
+
+
+@pytest.mark.parametrize("line, encoding, likely", rows(NOT_UTF8))
 @pytest.mark.parametrize("where", "file.md file folder --files".split())
-def test_a_file_that_is_not_utf8_is_refused_whatever_its_name(data, likely, where):
+def test_a_file_that_is_not_utf8_is_refused_whatever_its_name(line, encoding, likely, where):
     write("docs/a.txt", b"this one is fine\n")
-    bad = write({"file.md": "docs/b.md", "file": "docs/b"}.get(where, "docs/b.txt"), data * 10)
+    data = f"{line}\n".encode(encoding) * 10
+    bad = write({"file.md": "docs/b.md", "file": "docs/b"}.get(where, "docs/b.txt"), data)
     source = {"folder": {"text": "docs"}, "--files": {"files": [bad]}}.get(where, {"text": bad})
     likely = "UTF-16? Latin-1?" if where == "--files" else f"likely {likely}"
     named = Path(bad).resolve() if where == "folder" else bad  # a folder's files, by their paths

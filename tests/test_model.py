@@ -209,18 +209,18 @@ def test_shape_walk_and_python_m_model_print_each_modules_output_shape(tmp_path)
     # one row of block_size tokens; block 0 in detail
     assert cli.shape_walk(GPT(GPTConfig(11, 8, 2, 2, 8))) == WALK
 
-    def walk(*argv):
-        return in_process(cli.main, *argv).stdout
+    def walk(argv=""):  # python -m model ARGV's output
+        return in_process(cli.main, *argv.split()).stdout
 
     # small, the default; --seq-len up to block_size. Rotary: no wpe.
-    assert walk() == walk("--config", "small") == walk("--seq-len", "100") == SMALL
-    out = walk("--batch-size", "2", "--seq-len", "8")  # 4 heads of 24
+    assert walk() == walk("--config small") == walk("--seq-len 100") == SMALL
+    out = walk("--batch-size 2 --seq-len 8")  # 4 heads of 24
     assert "\ninput idx (2, 8) token ids\n" in out and "= 3 x (2, 4, 8, 24)\n" in out
     assert "\nlogits (2, 8, 65): " in out
     (bpe := tmp_path / "bpe.toml").write_text(
         'base = "tiny"\ndataset = "shakespeare"\n'
     )  # no vocab_size: GPT-2's BPE
-    out = walk("--config", bpe)
+    out = walk(f"--config {bpe}")
     assert "vocab 50257, block 32" in out and "\nlogits (1, 32, 50257): " in out
     usage = in_process(cli.main, "--help")
     assert usage.returncode == 0 and usage.stdout.startswith("usage: python -m model [-h]")

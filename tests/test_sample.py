@@ -225,7 +225,6 @@ def test_the_dtype_threads_and_vocabulary_follow_the_flags_and_the_model(
         ),
     )
     monkeypatch.setattr(configs, "cpu_has_bf16", lambda: bf16_cpu)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     padded = saved(tmp_path / "256.pt", n_embd=256, vocab_size=80)  # 65 ids, 80 rows
     for path, argv, dtype, threads in [
         (padded, "--device auto --dtype auto", "float32", 1),  # small: float32, one thread

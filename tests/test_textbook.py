@@ -16,7 +16,6 @@ from torch.testing import assert_close
 from model.textbook import MultiHeadAttention
 
 SELF = dict(num_heads=2, emb_size=8, head_size=4)
-D2L = dict(num_heads=5, emb_size=100, head_size=20, query_size=10, key_size=20, value_size=30)
 
 
 # MultiHeadAttention's arguments | Tq | Tk: a GPT block's, self attention, one key, d2l's widths
@@ -113,7 +112,15 @@ def test_key_and_value_default_each_head_has_its_own_buffer_dropout_trains_and_r
     assert torch.equal(a, torch.ones(32, 32).triu(1) > 0) and torch.equal(a, b)
     assert a.data_ptr() != b.data_ptr()  # one buffer per head, not a shared one
     assert not any("future" in name for name in causal.state_dict())
-    d2l = MultiHeadAttention(**D2L, dropout=0.5)
+    d2l = MultiHeadAttention(
+        num_heads=5,
+        emb_size=100,
+        head_size=20,
+        query_size=10,
+        key_size=20,
+        value_size=30,
+        dropout=0.5,
+    )
     # Training: the output's dropout at 0.5. The weights' is each head's own dropout, which the
     # test above finds at p and called on the weights.
     assert 0.3 < (d2l(*(torch.randn(2, 6, n) for n in (10, 20, 30))) == 0).float().mean() < 0.7

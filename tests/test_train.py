@@ -33,13 +33,6 @@ from training.optim import lr_factor
 PIPE = dict(cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.fixture(autouse=True)
-def no_omp_num_threads(monkeypatch):
-    """A run takes as many threads as conftest's one_thread finds idle cores (one), or as
-    --threads says: not what the user's shell exports."""
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-
-
 def read(run, key=None):
     """metrics.jsonl's records, or {step: value} of those that hold key."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
